@@ -1,0 +1,171 @@
+"""The main job: a Wide&Deep CTR model trained in tf.Session mode with the Rec SDK's call sequence
+(seed 001): init -> datasets with get_asc_insert_func -> optimizers -> create_table -> sparse_lookup
+-> get_dense_and_sparse_variable -> start_asc_pipeline -> Session loop with Saver -> terminate.
+
+    python examples/wide_deep.py [--steps N] [--batch-size B] ...
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import criteo_synth  # noqa: E402
+
+from mx_rec.core.asc.feature_spec import FeatureSpec  # noqa: E402
+from mx_rec.core.asc.helper import get_asc_insert_func  # noqa: E402
+from mx_rec.core.asc.manager import start_asc_pipeline  # noqa: E402
+from mx_rec.core.embedding import create_table, sparse_lookup  # noqa: E402
+from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
+from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
+from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
+from rank_runtime.logs import get_logger  # noqa: E402
+
+log = get_logger("shardrec.wide_deep")
+DEEP_DIM = 16
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=600, help="training steps")
+    p.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
+    p.add_argument("--eval-samples", type=int, default=50_000, help="held-out samples for AUC")
+    p.add_argument("--seed", type=int, default=2024)
+    p.add_argument("--static-shapes", action="store_true", help="init(use_dynamic=False) with send_count")
+    p.add_argument("--model-dir", default="saved-model", help="where the Saver writes")
+    p.add_argument("--log-every", type=int, default=100)
+    return p.parse_args(argv)
+
+
+def feature_specs():
+    # One id tensor ("cat", 26 fields) looked up in two tables: dim-1 wide weights and deep embeddings.
+    return [FeatureSpec("cat", table_name="deep_table"),
+            FeatureSpec("cat_wide", table_name="wide_table", index_key="cat")]
+
+
+def make_input(data, batch_size, is_training, repeat):
+    dataset = tf.data.Dataset.from_tensor_slices(data)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.map(get_asc_insert_func(tgt_key_specs=feature_specs(), is_training=is_training))
+    dataset = dataset.prefetch(8)
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    return iterator, iterator.get_next()
+
+
+class DenseTower:
+    """The dense layers, built once and called by the train and the eval graph alike."""
+
+    def __init__(self):
+        dense = tf.keras.layers.Dense
+        self.mlp = [dense(256, tf.nn.relu, name="mlp_1"), dense(128, tf.nn.relu, name="mlp_2"),
+                    dense(1, name="mlp_out")]
+        self.wide_dense = dense(1, name="wide_dense")
+
+    def __call__(self, deep, wide, dense_in):
+        x = tf.concat([tf.reshape(deep, [-1, criteo_synth.NUM_CAT * DEEP_DIM]), dense_in], axis=1)
+        for layer in self.mlp:
+            x = layer(x)
+        return tf.squeeze(x + tf.reduce_sum(wide, axis=1) + self.wide_dense(dense_in), axis=1)
+
+
+def model_forward(batch, tables, tower, send_count, is_train):
+    deep_spec, wide_spec = feature_specs()
+    deep_table, wide_table = tables
+    deep = sparse_lookup(deep_table, deep_spec, send_count, is_train=is_train, batch=batch,
+                         name="deep_table_lookup")                                  # [B, 26, 16]
+    wide = sparse_lookup(wide_table, wide_spec, send_count, is_train=is_train, batch=batch,
+                         name="wide_table_lookup")                                  # [B, 26, 1]
+    logit = tower(deep, wide, batch["dense"])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logit))
+    return loss, tf.sigmoid(logit)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.set_random_seed(args.seed)
+    init(use_dynamic=not args.static_shapes, train_steps=args.steps)
+    rank, size = get_rank_id(), get_rank_size()
+
+    train_samples = args.steps * args.batch_size
+    train_data = criteo_synth.make_dataset(train_samples, seed=args.seed, sample_seed=args.seed * 31 + rank)
+    eval_data = criteo_synth.make_dataset(args.eval_samples, seed=args.seed, sample_seed=args.seed * 31 + 10_000 + rank)
+    train_iterator, train_batch = make_input(train_data, args.batch_size, True, repeat=False)
+    eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)
+
+    dense_optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate=0.001)
+    sparse_optimizer = create_hash_optimizer(learning_rate=0.01)
+
+    vocab = int(criteo_synth.vocab_sizes(args.seed).sum())
+    init_deep = tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=args.seed)
+    tables = [create_table(key_dtype=tf.int64, dim=tf.TensorShape([DEEP_DIM]), name="deep_table",
+                           emb_initializer=init_deep, device_vocabulary_size=vocab),
+              create_table(key_dtype=tf.int64, dim=1, name="wide_table",
+                           emb_initializer=tf.compat.v1.zeros_initializer(), device_vocabulary_size=vocab)]
+    # Static shapes pad each batch's unique keys to send_count: at most every id of the batch.
+    send_count = args.batch_size * criteo_synth.NUM_CAT
+    tower = DenseTower()
+    train_loss, _ = model_forward(train_batch, tables, tower, send_count, is_train=True)
+    _, eval_prob = model_forward(eval_batch, tables, tower, send_count, is_train=False)
+
+    dense_variables, sparse_variables = get_dense_and_sparse_variable()
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    train_ops = [dense_optimizer.minimize(train_loss, var_list=dense_variables, global_step=global_step)]
+    sparse_grads = tf.gradients(train_loss, sparse_variables)
+    train_ops.append(sparse_optimizer.apply_gradients(zip(sparse_grads, sparse_variables)))
+    train_op = tf.group(*train_ops)
+
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    start_asc_pipeline()
+
+    def evaluate(sess):
+        sess.run(eval_iterator.initializer)
+        probs, labels = [], []
+        while True:
+            try:
+                p, y = sess.run([eval_prob, eval_batch["label"]])
+            except tf.errors.OutOfRangeError:
+                break
+            probs.append(p)
+            labels.append(y)
+        return criteo_synth.auc(np.concatenate(labels), np.concatenate(probs))
+
+    os.makedirs(args.model_dir, exist_ok=True)
+    ckpt_prefix = os.path.join(args.model_dir, f"model-{rank}")
+    start = time.time()
+    with tf.compat.v1.Session() as sess:
+        sess.run(train_iterator.initializer)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        window_start, window_steps, losses, step = time.time(), 0, [], 0
+        for step in range(1, args.steps + 1):
+            try:
+                _, loss = sess.run([train_op, train_loss])
+            except tf.errors.OutOfRangeError:
+                log.info("end of training data at step %d", step)
+                step -= 1
+                break
+            losses.append(loss)
+            window_steps += 1
+            if step % args.log_every == 0 or step == args.steps:
+                rate = window_steps * args.batch_size * size / (time.time() - window_start)
+                log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
+                window_start, window_steps = time.time(), 0
+        train_seconds = time.time() - start
+        path = saver.save(sess, ckpt_prefix, global_step=step)
+        auc = evaluate(sess)
+    sizes = ", ".join(f"{t.table_name}={t.size()}" for t in tables)
+    summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
+               f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
+               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} tables: {sizes} saved={path}")
+    print(summary, flush=True)
+    terminate_config_initializer()
+    return auc
+
+
+if __name__ == "__main__":
+    main()

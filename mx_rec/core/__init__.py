@@ -1,0 +1,1 @@
+"""Rec SDK import path; see mx_rec/__init__.py."""

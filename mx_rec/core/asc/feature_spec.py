@@ -1,0 +1,3 @@
+from rank_runtime.feature_spec import FeatureSpec
+
+__all__ = ["FeatureSpec"]

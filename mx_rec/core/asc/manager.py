@@ -1,0 +1,3 @@
+from rank_runtime.key_pipeline import start_asc_pipeline
+
+__all__ = ["start_asc_pipeline"]

@@ -1,0 +1,3 @@
+from rank_runtime.not_built import EvictHook
+
+__all__ = ["EvictHook"]

@@ -1,0 +1,3 @@
+from rank_runtime.optimizers.ftrl import create_hash_optimizer
+
+__all__ = ["create_hash_optimizer"]

@@ -1,0 +1,169 @@
+// One table shard's key index: which device-tier row (slot) holds each key, which rows are
+// free, and the counters users see. Thread-safe: the train and eval pipelines of a table
+// run in different TensorFlow threads.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "batch_dedup.h"
+#include "key_slot_map.h"
+
+namespace shardrec {
+
+class CapacityError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct IndexCounters {
+  uint64_t batches = 0;
+  uint64_t keys_seen = 0;      // batch positions processed
+  uint64_t unique_seen = 0;    // unique keys per batch, summed
+  uint64_t inserted = 0;       // keys given a new slot
+  uint64_t missed = 0;         // unknown keys on a non-allocating (eval) lookup
+  uint64_t erased = 0;
+};
+
+struct BatchResult {
+  std::vector<int32_t> slots;  // one per unique key (padded when asked)
+  size_t num_unique = 0;
+};
+
+class EmbeddingIndex {
+ public:
+  EmbeddingIndex(std::string name, int64_t capacity)
+      : name_(std::move(name)), capacity_(static_cast<int32_t>(capacity)), map_(1024) {
+    if (capacity < 1 || capacity >= INT32_MAX)
+      throw std::invalid_argument("capacity must be in [1, 2^31-2], got " + std::to_string(capacity));
+  }
+
+  const std::string& name() const { return name_; }
+  int32_t capacity() const { return capacity_; }
+  // The row that stands for "no row": the table variable keeps it at zero.
+  int32_t sentinel() const { return capacity_; }
+
+  size_t size() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return map_.size();
+  }
+
+  IndexCounters counters() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return counters_;
+  }
+
+  size_t memory_bytes() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return map_.memory_bytes() + free_.capacity() * sizeof(int32_t);
+  }
+
+  // Dedups `keys`, writes restore indices, and returns the slot of every unique key.
+  // allocate=false (eval) never inserts: unknown keys get the sentinel.
+  // pad_to > 0 pads the slots with the sentinel to that length (static shapes).
+  template <typename Key>
+  BatchResult process_batch(const Key* keys, size_t n, bool allocate, int64_t pad_to, int32_t* restore) {
+    BatchResult out;
+    std::lock_guard<std::mutex> g(mu_);
+    dedup_.run(keys, n, unique_, restore);
+    out.num_unique = unique_.size();
+    if (pad_to > 0 && static_cast<int64_t>(unique_.size()) > pad_to) {
+      throw CapacityError("table '" + name_ + "': the batch has " + std::to_string(unique_.size()) +
+                          " unique keys, more than send_count=" + std::to_string(pad_to) +
+                          "; raise send_count to at least that");
+    }
+    out.slots.resize(pad_to > 0 ? static_cast<size_t>(pad_to) : unique_.size(), sentinel());
+    lookup_locked(unique_.data(), unique_.size(), allocate, out.slots.data());
+    counters_.batches += 1;
+    counters_.keys_seen += n;
+    counters_.unique_seen += unique_.size();
+    return out;
+  }
+
+  template <typename Key>
+  void lookup(const Key* keys, size_t n, bool allocate, int32_t* slots) {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<int64_t> k(keys, keys + n);
+    lookup_locked(k.data(), n, allocate, slots);
+  }
+
+  // Frees the rows of `keys`; their slots are reused by later inserts. Returns how many existed.
+  size_t erase(const int64_t* keys, size_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t removed = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t slot = map_.erase(keys[i]);
+      if (slot == KeySlotMap::kEmpty) continue;
+      free_.push_back(slot);
+      ++removed;
+    }
+    counters_.erased += removed;
+    return removed;
+  }
+
+  // Every (key, slot) pair, in slot order so exports are reproducible.
+  void export_pairs(std::vector<int64_t>& keys, std::vector<int32_t>& slots) const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<int64_t> by_slot(next_slot_);
+    std::vector<char> used(next_slot_, 0);
+    map_.for_each([&](int64_t k, int32_t s) {
+      by_slot[s] = k;
+      used[s] = 1;
+    });
+    keys.clear();
+    slots.clear();
+    keys.reserve(map_.size());
+    slots.reserve(map_.size());
+    for (int32_t s = 0; s < next_slot_; ++s) {
+      if (!used[s]) continue;
+      keys.push_back(by_slot[s]);
+      slots.push_back(s);
+    }
+  }
+
+ private:
+  void lookup_locked(const int64_t* keys, size_t n, bool allocate, int32_t* slots) {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = map_.probe(keys[i]);
+      if (map_.occupied(b)) {
+        slots[i] = map_.slot_at(b);
+      } else if (!allocate) {
+        slots[i] = sentinel();
+        ++counters_.missed;
+      } else {
+        const int32_t slot = take_slot();
+        map_.insert_at(b, keys[i], slot);
+        slots[i] = slot;
+        ++counters_.inserted;
+      }
+    }
+  }
+
+  int32_t take_slot() {
+    if (!free_.empty()) {
+      const int32_t s = free_.back();
+      free_.pop_back();
+      return s;
+    }
+    if (next_slot_ >= capacity_) {
+      throw CapacityError("table '" + name_ + "': the device tier is full (" + std::to_string(capacity_) +
+                          " rows on this rank); raise device_vocabulary_size, or enable eviction");
+    }
+    return next_slot_++;
+  }
+
+  const std::string name_;
+  const int32_t capacity_;
+  mutable std::mutex mu_;
+  KeySlotMap map_;
+  BatchDedup dedup_;
+  std::vector<int64_t> unique_;
+  std::vector<int32_t> free_;
+  int32_t next_slot_ = 0;
+  IndexCounters counters_;
+};
+
+}  // namespace shardrec

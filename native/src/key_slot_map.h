@@ -1,0 +1,116 @@
+// Open-addressing map from int64 key to int32 slot: two flat arrays, linear probing,
+// backward-shift deletion (no tombstones, so probe chains never degrade after eviction).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardrec {
+
+// splitmix64's finaliser: feature ids are often sequential or share high bits
+// (field << 32 | value), and linear probing needs them spread over the whole array.
+inline uint64_t mix_key(int64_t key) {
+  uint64_t z = static_cast<uint64_t>(key);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+class KeySlotMap {
+ public:
+  static constexpr int32_t kEmpty = -1;
+
+  explicit KeySlotMap(size_t expected = 16) { rehash(bucket_count_for(expected)); }
+
+  size_t size() const { return size_; }
+  size_t bucket_count() const { return keys_.size(); }
+  size_t memory_bytes() const {
+    return keys_.capacity() * sizeof(int64_t) + slots_.capacity() * sizeof(int32_t);
+  }
+
+  // Returns the slot of `key`, or kEmpty.
+  int32_t find(int64_t key) const {
+    for (size_t i = mix_key(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i] == kEmpty) return kEmpty;
+      if (keys_[i] == key) return slots_[i];
+    }
+  }
+
+  // Returns the bucket holding `key`, or the empty bucket where it would go.
+  size_t probe(int64_t key) const {
+    size_t i = mix_key(key) & mask_;
+    while (slots_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
+    return i;
+  }
+  bool occupied(size_t bucket) const { return slots_[bucket] != kEmpty; }
+  int32_t slot_at(size_t bucket) const { return slots_[bucket]; }
+  int64_t key_at(size_t bucket) const { return keys_[bucket]; }
+
+  // Stores key→slot in the empty bucket found by probe(); may grow, which moves buckets.
+  void insert_at(size_t bucket, int64_t key, int32_t slot) {
+    keys_[bucket] = key;
+    slots_[bucket] = slot;
+    if (++size_ * 2 > keys_.size()) rehash(keys_.size() * 2);
+  }
+
+  // Removes `key`; returns its slot or kEmpty.
+  int32_t erase(int64_t key) {
+    size_t i = probe(key);
+    if (slots_[i] == kEmpty) return kEmpty;
+    const int32_t slot = slots_[i];
+    // Backward shift: pull later entries of the same probe run into the hole.
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask_; slots_[j] != kEmpty; j = (j + 1) & mask_) {
+      const size_t home = mix_key(keys_[j]) & mask_;
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const bool home_after_hole = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+      if (!home_after_hole) {
+        keys_[hole] = keys_[j];
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = kEmpty;
+    --size_;
+    return slot;
+  }
+
+  void clear() {
+    std::fill(slots_.begin(), slots_.end(), kEmpty);
+    size_ = 0;
+  }
+
+  template <typename F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i] != kEmpty) f(keys_[i], slots_[i]);
+  }
+
+ private:
+  static size_t bucket_count_for(size_t n) {
+    size_t b = 16;
+    while (b < n * 2) b <<= 1;
+    return b;
+  }
+
+  void rehash(size_t buckets) {
+    std::vector<int64_t> old_keys(buckets);
+    std::vector<int32_t> old_slots(buckets, kEmpty);
+    old_keys.swap(keys_);
+    old_slots.swap(slots_);
+    mask_ = buckets - 1;
+    for (size_t i = 0; i < old_slots.size(); ++i) {
+      if (old_slots[i] == kEmpty) continue;
+      const size_t b = probe(old_keys[i]);
+      keys_[b] = old_keys[i];
+      slots_[b] = old_slots[i];
+    }
+  }
+
+  std::vector<int64_t> keys_;
+  std::vector<int32_t> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace shardrec

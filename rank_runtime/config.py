@@ -1,0 +1,136 @@
+"""Process-wide runtime state: what ``init`` was given, the rank layout, and the table registry."""
+import atexit
+import os
+from dataclasses import dataclass, field
+
+from .logs import get_logger, set_rank
+from .validation import INT32_MAX, check_bool, check_int
+
+log = get_logger("shardrec.config")
+
+
+@dataclass
+class RuntimeConfig:
+    max_steps: int
+    train_steps: int
+    eval_steps: int
+    save_steps: int
+    use_dynamic: bool
+    use_dynamic_expansion: bool
+    if_load: bool
+    bind_cpu: bool
+    rank: int
+    size: int
+    local_rank: int
+    tables: dict = field(default_factory=dict)
+    pipeline_started: bool = False
+
+
+_config = None
+
+
+def _rank_layout():
+    """Rank, world size and local rank from the launcher's environment (Open MPI, PMIx, Slurm)."""
+    env = os.environ
+
+    def first(*names, default):
+        for n in names:
+            if n in env:
+                return int(env[n])
+        return default
+
+    rank = first("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", default=0)
+    size = first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", default=1)
+    local = first("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", default=0)
+    return rank, size, local
+
+
+def _bind_to_cores(local_rank):
+    """Pins this rank to its share of the cores so ranks on one host do not fight over them."""
+    import psutil
+
+    proc = psutil.Process()
+    cores = sorted(proc.cpu_affinity())
+    local_size = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+    share = max(1, len(cores) // max(1, local_size))
+    mine = cores[(local_rank * share) % len(cores):][:share] or cores
+    proc.cpu_affinity(mine)
+    log.info("bound to cores %s", mine)
+
+
+def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic=True,
+         use_dynamic_expansion=False, if_load=False, bind_cpu=False, **kwargs):
+    """Initialises shardrec in this process; call once before building the graph."""
+    global _config
+    if _config is not None:
+        raise RuntimeError("init: shardrec is already initialised; call terminate_config_initializer() "
+                           "before calling init() again")
+    steps = {}
+    for name, value in (("max_steps", max_steps), ("train_steps", train_steps),
+                        ("eval_steps", eval_steps), ("save_steps", save_steps)):
+        steps[name] = check_int("init", name, value, -1, INT32_MAX)
+    if all(v == 0 for v in steps.values()):
+        raise ValueError("init: max_steps, train_steps, eval_steps and save_steps are all 0; "
+                         "at least one must be -1 (unbounded) or positive")
+    for name, value in (("use_dynamic", use_dynamic), ("use_dynamic_expansion", use_dynamic_expansion),
+                        ("if_load", if_load), ("bind_cpu", bind_cpu)):
+        check_bool("init", name, value)
+    if kwargs:
+        raise TypeError(f"init: unknown parameter(s) {sorted(kwargs)}")
+    if use_dynamic_expansion:
+        raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
+                                  "implement dynamic capacity expansion yet")
+    rank, size, local_rank = _rank_layout()
+    if size > 1:
+        raise NotImplementedError(f"init: started with {size} ranks, but shardrec does not implement "
+                                  "sharding across MPI ranks yet; run a single process")
+    set_rank(rank, size)
+    if bind_cpu:
+        _bind_to_cores(local_rank)
+    _config = RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion,
+                            if_load=if_load, bind_cpu=bind_cpu, rank=rank, size=size,
+                            local_rank=local_rank, **steps)
+    log.info("initialised: %d rank(s), %s shapes", size, "dynamic" if use_dynamic else "static")
+    return _config
+
+
+def get_config():
+    if _config is None:
+        raise RuntimeError("shardrec is not initialised: call mx_rec.util.initialize.init(...) first")
+    return _config
+
+
+def is_initialized():
+    return _config is not None
+
+
+def terminate_config_initializer():
+    """Stops the key pipeline and forgets every table; init() may be called again afterwards."""
+    global _config
+    if _config is None:
+        return
+    log.info("terminated")
+    _config = None
+
+
+atexit.register(terminate_config_initializer)
+
+
+def get_rank_id():
+    return get_config().rank
+
+
+def get_rank_size():
+    return get_config().size
+
+
+def get_use_dynamic_expansion():
+    return get_config().use_dynamic_expansion
+
+
+def get_table(name):
+    tables = get_config().tables
+    if name not in tables:
+        known = ", ".join(sorted(tables)) or "none"
+        raise KeyError(f"no table named {name!r}; tables created so far: {known}")
+    return tables[name]

@@ -1,0 +1,40 @@
+"""FeatureSpec: which element of the dataset holds the ids of one lookup, and of which table."""
+from .validation import INT32_MAX, check_bool, check_int, check_type
+
+_OWNER = "FeatureSpec"
+
+
+class FeatureSpec:
+    def __init__(self, name, table_name=None, index_key=None, access_threshold=None, eviction_threshold=None,
+                 is_timestamp=None, batch_size=None, faae_coefficient=1):
+        check_type(_OWNER, "name", name, str, "a non-empty string")
+        if not name:
+            raise ValueError(f"{_OWNER}: parameter 'name' must be a non-empty string")
+        self.name = name
+        self.is_timestamp = bool(check_bool(_OWNER, "is_timestamp", is_timestamp)) if is_timestamp is not None else False
+        if table_name is not None:
+            check_type(_OWNER, "table_name", table_name, str, "a table name")
+        elif not self.is_timestamp:
+            raise ValueError(f"{_OWNER} {name!r}: parameter 'table_name' is required (the table this feature is looked up in)")
+        self.table_name = table_name
+        if index_key is not None:
+            check_type(_OWNER, "index_key", index_key, (str, int), "the dataset key holding the ids")
+        # The dataset element key that holds the ids; defaults to the feature's name.
+        self.index_key = index_key if index_key is not None else name
+        self.access_threshold = None if access_threshold is None else check_int(
+            _OWNER, "access_threshold", access_threshold, -1, INT32_MAX)
+        self.eviction_threshold = None if eviction_threshold is None else check_int(
+            _OWNER, "eviction_threshold", eviction_threshold, -1, INT32_MAX)
+        self.batch_size = None if batch_size is None else check_int(_OWNER, "batch_size", batch_size, 1, INT32_MAX)
+        self.faae_coefficient = check_int(_OWNER, "faae_coefficient", faae_coefficient, 1, INT32_MAX)
+        admission = self.access_threshold is not None and self.access_threshold >= 0
+        eviction = self.eviction_threshold is not None and self.eviction_threshold >= 0
+        if eviction and not admission:
+            raise ValueError(f"{_OWNER} {name!r}: eviction_threshold = {eviction_threshold} needs admission: "
+                             "set access_threshold >= 0 as well")
+        if admission or eviction:
+            raise NotImplementedError(f"{_OWNER} {name!r}: access_threshold / eviction_threshold are not available "
+                                      "yet: shardrec does not implement feature admission and eviction yet")
+
+    def __repr__(self):
+        return f"FeatureSpec({self.name!r}, table_name={self.table_name!r}, index_key={self.index_key!r})"

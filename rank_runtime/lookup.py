@@ -1,0 +1,93 @@
+"""sparse_lookup: rows of a sharded table for the ids of one feature, in batch order."""
+import tensorflow as tf
+
+from . import config
+from .feature_spec import FeatureSpec
+from .key_pipeline import restore_key, slots_key
+from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
+from .validation import INT32_MAX, check_bool, check_int, check_type
+
+_OWNER = "sparse_lookup"
+
+
+def _check_batch(spec, batch):
+    if batch is None:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
+                         "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
+    check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
+    for key in (slots_key(spec.name), restore_key(spec.name)):
+        if key not in batch:
+            raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
+                             "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
+    if spec.index_key not in batch:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r}: batch has no ids under {spec.index_key!r}")
+
+
+def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
+                  batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None, **kwargs):
+    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
+    cfg = config.get_config()
+    check_type(_OWNER, "hashtable", hashtable, EmbeddingTable, "a table from create_table")
+    check_bool(_OWNER, "modify_graph", modify_graph)
+    check_bool(_OWNER, "is_train", is_train)
+    check_bool(_OWNER, "is_grad", is_grad)
+    if send_count is not None:
+        send_count = check_int(_OWNER, "send_count", send_count, 1, INT32_MAX)
+    elif not cfg.use_dynamic:
+        raise ValueError(f"{_OWNER}: parameter 'send_count' is required with static shapes (init(use_dynamic=False)); "
+                         f"allowed: an int in [1, {INT32_MAX}]")
+    if dim is not None:
+        if isinstance(dim, tf.TensorShape):
+            dim = dim[0] if dim.rank == 1 else dim
+        check_int(_OWNER, "dim", dim, hashtable.dim, hashtable.dim)
+    if name is not None:
+        check_type(_OWNER, "name", name, str, "a string")
+    if access_and_evict_config is not None:
+        check_type(_OWNER, "access_and_evict_config", access_and_evict_config, dict,
+                   "a dict with 'access_threshold' and 'eviction_threshold'")
+        unknown = set(access_and_evict_config) - {"access_threshold", "eviction_threshold"}
+        if unknown:
+            raise ValueError(f"{_OWNER}: access_and_evict_config has unknown key(s) {sorted(unknown)}; "
+                             "allowed: 'access_threshold', 'eviction_threshold'")
+        if not modify_graph:
+            raise ValueError(f"{_OWNER}: access_and_evict_config is for modify_graph=True; "
+                             "in FeatureSpec mode set access_threshold / eviction_threshold on the FeatureSpec")
+    if kwargs:
+        raise TypeError(f"{_OWNER}: unknown parameter(s) {sorted(kwargs)}")
+    if modify_graph:
+        raise NotImplementedError(f"{_OWNER}: modify_graph=True is not available yet: shardrec does not implement "
+                                  "automatic graph modification yet; use FeatureSpec mode")
+    check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
+    if ids.table_name != hashtable.table_name:
+        raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
+                         f"not to {hashtable.table_name!r}")
+    _check_batch(ids, batch)
+    if hashtable.lookup_count >= MAX_LOOKUPS_PER_TABLE:
+        raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} is already looked up "
+                         f"{MAX_LOOKUPS_PER_TABLE} times; allowed: at most {MAX_LOOKUPS_PER_TABLE} lookups per table")
+    if cfg.pipeline_started:
+        raise RuntimeError(f"{_OWNER}: the key pipeline is already started; build every lookup before "
+                           "start_asc_pipeline()")
+
+    hashtable.lookup_count += 1
+    if send_count is not None:
+        hashtable.send_counts[ids.name] = send_count
+    with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
+        slots = batch[slots_key(ids.name)]
+        restore = batch[restore_key(ids.name)]
+        if not cfg.use_dynamic:
+            slots = tf.ensure_shape(slots, [send_count])
+        # Gradients flow to the table variable as IndexedSlices over `slots`: the sparse
+        # optimizers update those rows only.
+        rows = tf.gather(hashtable.variable, slots)
+        if not is_grad:
+            rows = tf.stop_gradient(rows)
+        emb = tf.gather(rows, restore)
+        if serving_default_value is not None:
+            default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [hashtable.dim])
+            missing = tf.equal(tf.gather(slots, restore), hashtable.sentinel)
+            emb = tf.where(missing[:, None], default[None, :], emb)
+        ids_tensor = batch[ids.index_key]
+        out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
+        out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
+        return out

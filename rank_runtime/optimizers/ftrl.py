@@ -1,0 +1,23 @@
+"""Sparse FTRL-Proximal on TensorFlow's ResourceSparseApplyFtrl kernel."""
+import tensorflow as tf
+
+from ..validation import check_number
+from .base import SparseOptimizerMixin, check_learning_rate
+
+
+class SparseFtrl(SparseOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
+    pass
+
+
+def create_hash_optimizer(learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
+                          l1_regularization_strength=0.0, l2_regularization_strength=0.0, use_locking=False,
+                          name="Ftrl"):
+    owner = "ftrl.create_hash_optimizer"
+    lr = check_learning_rate(owner, learning_rate)
+    power = check_number(owner, "learning_rate_power", learning_rate_power, None, 0)
+    acc = check_number(owner, "initial_accumulator_value", initial_accumulator_value, 0, None)
+    l1 = check_number(owner, "l1_regularization_strength", l1_regularization_strength, 0, 1e4)
+    l2 = check_number(owner, "l2_regularization_strength", l2_regularization_strength, 0, 1e4)
+    return SparseFtrl(lr, learning_rate_power=power, initial_accumulator_value=acc,
+                      l1_regularization_strength=l1, l2_regularization_strength=l2,
+                      use_locking=use_locking, name=name)

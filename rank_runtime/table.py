@@ -1,0 +1,160 @@
+"""Sparse tables: ``create_table`` and the per-rank shard it returns.
+
+A shard is a TensorFlow variable of ``capacity + 1`` rows (the device tier) plus the native index
+that maps keys to rows. The extra last row is the sentinel: it stays zero and is what a key with
+no row (unknown at evaluation, padding in static shapes) reads.
+"""
+import math
+import os
+import re
+
+import shardrec_native
+import tensorflow as tf
+
+from . import config
+from .logs import get_logger
+from .validation import check_choice, check_int, check_number, check_type
+
+log = get_logger("shardrec.table")
+
+SPARSE_TABLES_COLLECTION = "SHARDREC_SPARSE_TABLES"
+MAX_LOOKUPS_PER_TABLE = 128
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,100}$")
+_GRADIENT_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
+
+
+class EmbeddingTable:
+    """One rank's shard of a sparse table."""
+
+    def __init__(self, name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
+                 init_param, is_save, all2all_gradients_op):
+        self.table_name = name
+        self.key_dtype = key_dtype
+        self.dim = dim
+        self.device_vocabulary_size = device_vocabulary_size
+        self.is_save = is_save
+        self.init_param = init_param
+        self.all2all_gradients_op = all2all_gradients_op
+        self.index = shardrec_native.EmbeddingIndex(name, capacity)
+        self.lookup_count = 0
+        # send_count per feature, registered by sparse_lookup and read by the key pipeline.
+        self.send_counts = {}
+        self.variable = self._make_variable(emb_initializer, capacity)
+
+    def _make_variable(self, emb_initializer, capacity):
+        def initial_value():
+            rows = emb_initializer([capacity, self.dim], dtype=tf.float32)
+            if self.init_param != 1.0:
+                rows = rows * self.init_param
+            return tf.concat([rows, tf.zeros([1, self.dim], tf.float32)], axis=0)
+
+        # Not trainable: a dense optimizer must never touch a table (it would update every row);
+        # the sparse optimizers find tables through their own collection.
+        return tf.compat.v1.Variable(
+            initial_value, name=self.table_name, trainable=False, use_resource=True,
+            shape=[capacity + 1, self.dim], dtype=tf.float32,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
+
+    @property
+    def sentinel(self):
+        return self.index.sentinel
+
+    def size(self):
+        """Keys held by this rank's shard."""
+        return self.index.size()
+
+    def capacity(self):
+        """Rows this rank's shard can hold."""
+        return self.index.capacity
+
+    def counters(self):
+        return dict(self.index.counters(), size=self.size(), capacity=self.capacity())
+
+    def __repr__(self):
+        return f"EmbeddingTable({self.table_name!r}, dim={self.dim}, size={self.size()}, capacity={self.capacity()})"
+
+
+def _key_dtype(value):
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in (tf.int64, tf.int32):
+        raise TypeError(f"create_table: parameter 'key_dtype' must be tf.int64 or tf.int32, got {value!r}")
+    return dtype
+
+
+def _dim(value):
+    if isinstance(value, tf.TensorShape):
+        if value.rank != 1 or value[0] is None:
+            raise ValueError(f"create_table: parameter 'dim' as a TensorShape must be 1-D and fully known, got {value}")
+        value = int(value[0])
+    return check_int("create_table", "dim", value, 1, 8192)
+
+
+def check_table_name(owner, name):
+    check_type(owner, "name", name, str, "a string")
+    if not _NAME_RE.match(name) or ".." in name or set(name) == {"."}:
+        raise ValueError(f"{owner}: parameter 'name' = {name!r} is not allowed; allowed: 1 to 100 characters "
+                         "of letters, digits, '_' and '.', not '..'")
+    return name
+
+
+def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1, host_vocabulary_size=0,
+                 ssd_vocabulary_size=0, ssd_data_path=(os.getcwd(),), is_save=True, init_param=1.0,
+                 all2all_gradients_op="sum_gradients", value_dtype=tf.float32, shard_num=1, **kwargs):
+    """Creates a sparse table sharded over the ranks; see API.md for every parameter's range."""
+    owner = "create_table"
+    cfg = config.get_config()
+    key_dtype = _key_dtype(key_dtype)
+    dim = _dim(dim)
+    check_table_name(owner, name)
+    if name in cfg.tables:
+        raise ValueError(f"{owner}: a table named {name!r} already exists; table names must be unique")
+    if not callable(emb_initializer):
+        raise TypeError(f"{owner}: parameter 'emb_initializer' must be a TensorFlow initializer, got {emb_initializer!r}")
+    device_vocabulary_size = check_int(owner, "device_vocabulary_size", device_vocabulary_size, 1, 10**9)
+    host_vocabulary_size = check_int(owner, "host_vocabulary_size", host_vocabulary_size, 0, 10**10)
+    ssd_vocabulary_size = check_int(owner, "ssd_vocabulary_size", ssd_vocabulary_size, 0, 10**10)
+    if ssd_vocabulary_size > 0 and host_vocabulary_size == 0:
+        raise ValueError(f"{owner}: ssd_vocabulary_size = {ssd_vocabulary_size} needs host_vocabulary_size > 0")
+    if host_vocabulary_size > 0 and cfg.use_dynamic_expansion:
+        raise ValueError(f"{owner}: host_vocabulary_size > 0 and dynamic expansion (init(use_dynamic_expansion=True)) "
+                         "cannot be used together")
+    if isinstance(ssd_data_path, str):
+        ssd_data_path = (ssd_data_path,)
+    check_type(owner, "ssd_data_path", ssd_data_path, (list, tuple), "a list of directory paths")
+    for p in ssd_data_path:
+        check_type(owner, "ssd_data_path", p, str, "a list of directory paths")
+    check_type(owner, "is_save", is_save, bool, "a bool")
+    init_param = check_number(owner, "init_param", init_param, -10, 10)
+    check_choice(owner, "all2all_gradients_op", all2all_gradients_op, _GRADIENT_OPS)
+    try:
+        value_ok = tf.as_dtype(value_dtype) == tf.float32
+    except TypeError:
+        value_ok = False
+    if not value_ok:
+        raise TypeError(f"{owner}: parameter 'value_dtype' must be tf.float32, got {value_dtype!r}")
+    check_int(owner, "shard_num", shard_num, 1, 1)
+    if kwargs:
+        raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
+    if host_vocabulary_size > 0:
+        raise NotImplementedError(f"{owner}: host_vocabulary_size > 0 is not available yet: shardrec does not "
+                                  "implement the host-memory and SSD tiers yet")
+
+    capacity = math.ceil(device_vocabulary_size / cfg.size)
+    table = EmbeddingTable(name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
+                           init_param, is_save, all2all_gradients_op)
+    cfg.tables[name] = table
+    log.info("table %r: dim %d, %d rows per rank (%d ranks)", name, dim, capacity, cfg.size)
+    return table
+
+
+def table_of_variable(variable):
+    """The table whose device tier is `variable`, or None."""
+    if not config.is_initialized():
+        return None
+    for table in config.get_config().tables.values():
+        if table.variable is variable:
+            return table
+    return None
