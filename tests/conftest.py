@@ -1,0 +1,27 @@
+import os
+import sys
+
+import pytest
+import tensorflow as tf
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf.compat.v1.disable_eager_execution()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from rank_runtime import config  # noqa: E402
+
+
+@pytest.fixture
+def graph():
+    """A fresh default graph; shardrec is terminated afterwards whatever the test did."""
+    g = tf.Graph()
+    with g.as_default():
+        yield g
+    config.terminate_config_initializer()
+
+
+@pytest.fixture
+def runtime(graph):
+    """init() with defaults (dynamic shapes) inside a fresh graph."""
+    config.init()
+    return graph

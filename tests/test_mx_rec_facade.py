@@ -1,0 +1,72 @@
+"""Every import path the seeds use resolves; names of capabilities not built yet fail loudly."""
+import importlib
+
+import pytest
+
+import rank_runtime
+
+PATHS = {
+    "mx_rec.core.embedding": ["create_table", "sparse_lookup"],
+    "mx_rec.core.asc.feature_spec": ["FeatureSpec"],
+    "mx_rec.core.asc.helper": ["get_asc_insert_func", "FeatureSpec"],
+    "mx_rec.core.asc.manager": ["start_asc_pipeline"],
+    "mx_rec.util.initialize": ["init", "terminate_config_initializer", "get_rank_id", "get_rank_size",
+                               "get_initializer", "get_use_dynamic_expansion"],
+    "mx_rec.util.variable": ["get_dense_and_sparse_variable"],
+    "mx_rec.optimizers.lazy_adam": ["create_hash_optimizer"],
+    "mx_rec.optimizers.gradient_descent": ["create_hash_optimizer"],
+    "mx_rec.optimizers.adagrad": ["create_hash_optimizer"],
+    "mx_rec.optimizers.ftrl": ["create_hash_optimizer"],
+    "mx_rec.optimizers.lazy_adam_by_addr": ["create_hash_optimizer_by_address"],
+    "mx_rec.optimizers.gradient_descent_by_addr": ["create_hash_optimizer_by_address"],
+    "mx_rec.optimizers.adagrad_by_addr": ["create_hash_optimizer_by_address"],
+    "mx_rec.graph.modifier": ["modify_graph_and_start_emb_cache", "GraphModifierHook"],
+    "mx_rec.core.feature_process": ["EvictHook"],
+    "mx_rec.constants.constants": ["ASCEND_SPARSE_LOOKUP_LOCAL_EMB", "ASCEND_SPARSE_LOOKUP_ID_OFFSET"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_import_paths_resolve(path):
+    module = importlib.import_module(path)
+    for name in PATHS[path]:
+        assert hasattr(module, name), f"{path}.{name}"
+
+
+def test_facade_objects_are_the_runtime_objects():
+    from mx_rec.core.embedding import create_table, sparse_lookup
+    from mx_rec.util.initialize import init
+
+    assert create_table is rank_runtime.create_table
+    assert sparse_lookup is rank_runtime.sparse_lookup
+    assert init is rank_runtime.init
+
+
+NOT_BUILT = [
+    ("mx_rec.graph.modifier", "modify_graph_and_start_emb_cache", "automatic graph modification"),
+    ("mx_rec.graph.modifier", "GraphModifierHook", "automatic graph modification"),
+    ("mx_rec.util.initialize", "get_initializer", "automatic graph modification"),
+    ("mx_rec.core.feature_process", "EvictHook", "feature admission and eviction"),
+    ("mx_rec.optimizers.lazy_adam_by_addr", "create_hash_optimizer_by_address", "dynamic capacity expansion"),
+]
+
+
+@pytest.mark.parametrize("path,name,capability", NOT_BUILT, ids=[n for _, n, _ in NOT_BUILT])
+def test_names_not_built_yet_raise(path, name, capability):
+    obj = getattr(importlib.import_module(path), name)
+    with pytest.raises(NotImplementedError, match=capability):
+        obj()
+
+
+def test_capabilities_not_built_yet_refused_by_parameters(runtime):
+    import tensorflow as tf
+
+    from rank_runtime import FeatureSpec, config, create_table, init
+
+    with pytest.raises(NotImplementedError, match="feature admission and eviction"):
+        FeatureSpec("f", table_name="t", access_threshold=3)
+    with pytest.raises(NotImplementedError, match="host-memory and SSD tiers"):
+        create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=100)
+    config.terminate_config_initializer()
+    with pytest.raises(NotImplementedError, match="dynamic capacity expansion"):
+        init(use_dynamic_expansion=True)

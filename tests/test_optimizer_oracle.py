@@ -1,0 +1,124 @@
+"""Each sparse optimizer against plain TensorFlow (or a numpy lazy Adam) training a dense
+tf.Variable indexed by the same keys, on batches full of repeated keys."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
+from pipeline_helpers import FeatureSpec, batched_iterator, run_all
+from rank_runtime import config, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
+
+STEPS, BATCH, FIELDS, DIM = 60, 8, 3, 4
+POOL = np.array([-(2**40), -17, -3, -1, 0, 1, 2, 5, 9, 11, 2**33, 2**40 + 7, 99, 123456789, -987654321], np.int64)
+WEIGHTS = np.random.default_rng(3).normal(size=(FIELDS, DIM)).astype(np.float32)
+
+
+def make_data():
+    rng = np.random.default_rng(11)
+    # A skewed draw from a small pool: every batch repeats keys, within a row and across rows.
+    ids = POOL[np.minimum(rng.geometric(0.25, size=(STEPS * BATCH, FIELDS)) - 1, len(POOL) - 1)]
+    y = rng.normal(size=STEPS * BATCH).astype(np.float32)
+    return {"ids": ids, "y": y}
+
+
+def model_loss(emb, y):
+    pred = tf.reduce_sum(emb * WEIGHTS, axis=[1, 2])
+    return tf.reduce_mean(tf.square(pred - y))
+
+
+def train_shardrec(make_optimizer, data):
+    """Returns (initial table rows, final rows, exported keys, their slots)."""
+    with tf.Graph().as_default():
+        config.init()
+        spec = FeatureSpec("ids", table_name="emb")
+        iterator, batch = batched_iterator(data, BATCH, [spec])
+        table = create_table(tf.int64, DIM, "emb", tf.compat.v1.random_uniform_initializer(-1, 1, seed=5),
+                             device_vocabulary_size=64)
+        loss = model_loss(sparse_lookup(table, spec, batch=batch), batch["y"])
+        _, sparse = get_dense_and_sparse_variable()
+        opt = make_optimizer()
+        train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+        start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            initial = sess.run(table.variable)
+            steps = run_all(sess, iterator, train)
+            final = sess.run(table.variable)
+        keys, slots = table.index.export()
+        config.terminate_config_initializer()
+    assert len(steps) == STEPS
+    return initial, final, keys, slots
+
+
+def train_reference(make_tf_optimizer, initial_rows, data):
+    """Plain TensorFlow: a dense variable with one row per key, rows gathered by key position."""
+    keys_sorted = np.unique(data["ids"])
+    positions = np.searchsorted(keys_sorted, data["ids"]).astype(np.int32)
+    with tf.Graph().as_default():
+        var = tf.compat.v1.Variable(initial_rows, dtype=tf.float32, use_resource=True)
+        idx = tf.compat.v1.placeholder(tf.int32, [BATCH, FIELDS])
+        y = tf.compat.v1.placeholder(tf.float32, [BATCH])
+        loss = model_loss(tf.gather(var, idx), y)
+        grad = tf.gradients(loss, [var])[0]
+        train = make_tf_optimizer().apply_gradients([(grad, var)]) if make_tf_optimizer else None
+        dense_grad = tf.convert_to_tensor(grad)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(STEPS):
+                feed = {idx: positions[step * BATCH:(step + 1) * BATCH], y: data["y"][step * BATCH:(step + 1) * BATCH]}
+                if train is not None:
+                    sess.run(train, feed)
+                else:
+                    grad_value = sess.run(dense_grad, feed)
+                    touched = np.unique(feed[idx])
+                    initial_rows = _numpy_lazy_adam_step(initial_rows, grad_value, touched, step + 1)
+                    sess.run(var.assign(initial_rows))
+            return keys_sorted, sess.run(var)
+
+
+_adam_state = {}
+
+
+def _numpy_lazy_adam_step(rows, grad, touched, t, lr=0.05, b1=0.9, b2=0.999, eps=1e-8):
+    """Lazy Adam as documented: only touched rows and their moments move; t is the step count."""
+    m = _adam_state.setdefault("m", np.zeros_like(rows))
+    v = _adam_state.setdefault("v", np.zeros_like(rows))
+    m[touched] = b1 * m[touched] + (1 - b1) * grad[touched]
+    v[touched] = b2 * v[touched] + (1 - b2) * grad[touched] ** 2
+    rows = rows.copy()
+    rows[touched] -= lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m[touched] / (np.sqrt(v[touched]) + eps)
+    return rows
+
+
+CASES = {
+    "sgd": (lambda: gradient_descent.create_hash_optimizer(learning_rate=0.05),
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.05)),
+    "adagrad": (lambda: adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.5),
+                lambda: tf.compat.v1.train.AdagradOptimizer(0.1, initial_accumulator_value=0.5)),
+    "ftrl": (lambda: ftrl.create_hash_optimizer(learning_rate=0.1, l1_regularization_strength=0.001,
+                                                l2_regularization_strength=0.01),
+             lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.001,
+                                                      l2_regularization_strength=0.01)),
+    "lazy_adam": (lambda: lazy_adam.create_hash_optimizer(learning_rate=0.05), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rows_match_plain_tensorflow(name, graph):
+    make_sparse, make_reference = CASES[name]
+    data = make_data()
+    initial, final, keys, slots = train_shardrec(make_sparse, data)
+    # Exactly the keys of the data were stored, nothing else.
+    assert sorted(keys.tolist()) == sorted(np.unique(data["ids"]).tolist())
+    by_key = dict(zip(keys.tolist(), slots.tolist()))
+    ref_keys = np.unique(data["ids"])
+    ref_initial = initial[[by_key[k] for k in ref_keys.tolist()]]
+    _adam_state.clear()
+    ref_keys, ref_final = train_reference(make_reference, ref_initial, data)
+    ours = final[[by_key[k] for k in ref_keys.tolist()]]
+    assert np.abs(ours - ref_initial).max() > 1e-2, "training moved the rows"
+    np.testing.assert_allclose(ours, ref_final, atol=1e-5, rtol=0)
+    # Rows that no key owns (and the sentinel) were never touched.
+    untouched = np.setdiff1d(np.arange(final.shape[0]), slots)
+    np.testing.assert_array_equal(final[untouched], initial[untouched])
+    assert np.all(final[-1] == 0)
