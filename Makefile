@@ -10,8 +10,9 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 setup:
 	@bash scripts/bootstrap.sh
 
+RANKS ?= 2
 demo: setup
-	$(PY) examples/wide_deep.py $(ARGS)
+	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -2,13 +2,18 @@
 (seed 001): init -> datasets with get_asc_insert_func -> optimizers -> create_table -> sparse_lookup
 -> get_dense_and_sparse_variable -> start_asc_pipeline -> Session loop with Saver -> terminate.
 
-    python examples/wide_deep.py [--steps N] [--batch-size B] ...
+    mpiexec -np 2 python examples/wide_deep.py [--steps N] [--batch-size B] ...
+    python examples/wide_deep.py ...            (one process)
+
+Each rank reads its own shard of the data; tables are sharded over the ranks; dense gradients
+are averaged with Horovod's allreduce (the one line a Rec SDK script changes: HCCL -> Horovod).
 """
 import argparse
 import os
 import sys
 import time
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
@@ -98,7 +103,7 @@ def main(argv=None):
     train_iterator, train_batch = make_input(train_data, args.batch_size, True, repeat=False)
     eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)
 
-    dense_optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate=0.001)
+    dense_optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(learning_rate=0.001))
     sparse_optimizer = create_hash_optimizer(learning_rate=0.01)
 
     vocab = int(criteo_synth.vocab_sizes(args.seed).sum())
@@ -141,6 +146,7 @@ def main(argv=None):
     with tf.compat.v1.Session() as sess:
         sess.run(train_iterator.initializer)
         sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(hvd.broadcast_variables(dense_variables, root_rank=0))
         window_start, window_steps, losses, step = time.time(), 0, [], 0
         for step in range(1, args.steps + 1):
             try:
@@ -158,10 +164,10 @@ def main(argv=None):
         train_seconds = time.time() - start
         path = saver.save(sess, ckpt_prefix, global_step=step)
         auc = evaluate(sess)
-    sizes = ", ".join(f"{t.table_name}={t.size()}" for t in tables)
+    sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)
     summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
-               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} tables: {sizes} saved={path}")
+               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)
     terminate_config_initializer()
     return auc

@@ -1,10 +1,10 @@
 """Process-wide runtime state: what ``init`` was given, the rank layout, and the table registry."""
 import atexit
-import os
 from dataclasses import dataclass, field
 
 from .logs import get_logger, set_rank
 from .validation import INT32_MAX, check_bool, check_int
+from .world import get_world
 
 log = get_logger("shardrec.config")
 
@@ -29,29 +29,12 @@ class RuntimeConfig:
 _config = None
 
 
-def _rank_layout():
-    """Rank, world size and local rank from the launcher's environment (Open MPI, PMIx, Slurm)."""
-    env = os.environ
-
-    def first(*names, default):
-        for n in names:
-            if n in env:
-                return int(env[n])
-        return default
-
-    rank = first("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", default=0)
-    size = first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", default=1)
-    local = first("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", default=0)
-    return rank, size, local
-
-
-def _bind_to_cores(local_rank):
+def _bind_to_cores(local_rank, local_size):
     """Pins this rank to its share of the cores so ranks on one host do not fight over them."""
     import psutil
 
     proc = psutil.Process()
     cores = sorted(proc.cpu_affinity())
-    local_size = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
     share = max(1, len(cores) // max(1, local_size))
     mine = cores[(local_rank * share) % len(cores):][:share] or cores
     proc.cpu_affinity(mine)
@@ -80,13 +63,11 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
     if use_dynamic_expansion:
         raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
                                   "implement dynamic capacity expansion yet")
-    rank, size, local_rank = _rank_layout()
-    if size > 1:
-        raise NotImplementedError(f"init: started with {size} ranks, but shardrec does not implement "
-                                  "sharding across MPI ranks yet; run a single process")
+    world = get_world()
+    rank, size, local_rank = world.rank, world.size, world.local_rank
     set_rank(rank, size)
     if bind_cpu:
-        _bind_to_cores(local_rank)
+        _bind_to_cores(local_rank, world.local_size)
     _config = RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion,
                             if_load=if_load, bind_cpu=bind_cpu, rank=rank, size=size,
                             local_rank=local_rank, **steps)

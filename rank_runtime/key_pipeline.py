@@ -1,61 +1,157 @@
-"""The key pipeline: the dataset map function that turns each batch's ids into table rows.
+"""The key pipeline: what ``dataset.map(get_asc_insert_func(...))`` inserts into a dataset.
 
-``get_asc_insert_func`` returns a function for ``tf.data.Dataset.map``. For every FeatureSpec it
-adds two int32 tensors to the batch: the rows (slots) of the batch's unique ids and, per id, the
-index of its unique id. The work is one native call per feature and batch (dedup + index lookup,
-GIL released); nothing in Python touches single keys. The map must stay sequential
-(no num_parallel_calls): slots are allocated in batch order, which keeps training deterministic.
+For every batch and every FeatureSpec it adds four int32 tensors to the batch: the local rows this
+rank gathers for its peers, the send / receive splits of the row all-to-all, and the restore
+indices that put the returned rows in batch order. The work is one native call per batch (dedup,
+MPI all-to-all of the keys, index lookup; GIL released); nothing in Python touches single keys.
+
+Every rank must see the same number of batches, or a collective waits for ever. A map function
+never learns that its input ended, so ``Dataset.map`` is wrapped to recognise an insert function
+and build, instead of a plain map: the data, then one end marker, then the key exchange, then
+``take_while``. A rank that reaches its marker tells the others inside the same exchange round,
+and every rank's dataset ends at that same batch. The map runs sequentially (no
+num_parallel_calls): rows are allocated in batch order and the collectives of all ranks match.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
 
 from . import config
 from .feature_spec import FeatureSpec
 from .logs import get_logger
 from .validation import check_bool, check_type
+from .world import get_world
 
 log = get_logger("shardrec.pipeline")
 
 _PREFIX = "_shardrec"
+_FIELDS = ("slots", "send_splits", "recv_splits", "restore")
 
 
-def slots_key(feature_name):
-    return f"{_PREFIX}/{feature_name}/slots"
-
-
-def restore_key(feature_name):
-    return f"{_PREFIX}/{feature_name}/restore"
+def pipeline_key(feature_name, field):
+    return f"{_PREFIX}/{feature_name}/{field}"
 
 
 class _BatchKeyProcessor:
-    """Runs inside tf.numpy_function: one call per batch, all features of the insert function."""
+    """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
 
-    def __init__(self, specs, is_training):
+    def __init__(self, specs, channel):
         self.specs = specs
-        self.is_training = is_training
+        self.channel = channel
+        self.batches = 0
 
-    def _table(self, spec):
-        try:
-            return config.get_table(spec.table_name)
-        except KeyError as e:
-            raise KeyError(f"feature {spec.name!r}: {e.args[0]}") from None
-
-    def __call__(self, *key_arrays):
+    def __call__(self, is_end, *key_arrays):
         cfg = config.get_config()
         if not cfg.pipeline_started:
             raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
-        out = []
-        for spec, keys in zip(self.specs, key_arrays):
-            table = self._table(spec)
-            pad_to = 0 if cfg.use_dynamic else table.send_counts[spec.name]
-            slots, restore, _ = table.index.process_batch(np.ravel(keys), self.is_training, pad_to)
-            out += (slots, restore)
-        return out
+        tables = [config.get_table(spec.table_name) for spec in self.specs]
+        send_counts = [0 if cfg.use_dynamic else t.send_counts[s.name] for t, s in zip(tables, self.specs)]
+        exchange = get_world().exchanges[self.channel]
+        result = exchange.run([t.index for t in tables], list(key_arrays), send_counts, not bool(is_end))
+        if result is None:
+            log.info("%s data: %s after %d batches; every rank stops this pass at the same batch",
+                     self.channel, "this rank has no more" if is_end else "another rank ran out of data",
+                     self.batches)
+            self.batches = 0
+            size = cfg.size
+            empty = np.zeros(0, np.int32)
+            return [np.True_] + [a for keys in key_arrays
+                                 for a in (empty, np.zeros(size, np.int32), np.zeros(size, np.int32),
+                                           np.zeros(np.size(keys), np.int32))]
+        self.batches += 1
+        return [np.False_] + [a for outputs in result for a in outputs]
+
+
+def _end_marker(element_spec):
+    """One element shaped like the data (unknown dimensions as 0), flagged as the end."""
+    def zeros(spec):
+        if not isinstance(spec, tf.TensorSpec):
+            raise TypeError(f"get_asc_insert_func: dataset elements must be dicts of dense tensors, got {spec}")
+        shape = [0 if d is None else d for d in spec.shape.as_list()]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+    return tf.nest.map_structure(zeros, element_spec)
+
+
+class InsertFunction:
+    """What get_asc_insert_func returns; ``dataset.map`` recognises it (see the module doc)."""
+
+    def __init__(self, specs, is_training):
+        self.specs = specs
+        self.is_training = is_training
+        self.channel = "train" if is_training else "eval"
+        self._processor = _BatchKeyProcessor(specs, self.channel)
+
+    def __call__(self, batch):
+        raise TypeError("the function from get_asc_insert_func must be applied with dataset.map(insert_fn)")
+
+    def _check_element(self, element_spec):
+        if not isinstance(element_spec, dict):
+            raise TypeError("get_asc_insert_func: dataset elements must be dicts of feature name to tensor, "
+                            f"got {element_spec}")
+        for spec in self.specs:
+            if spec.index_key not in element_spec:
+                raise KeyError(f"get_asc_insert_func: feature {spec.name!r} reads dataset key {spec.index_key!r}, "
+                               f"which the dataset does not have; it has: {sorted(map(str, element_spec))}")
+            dtype = element_spec[spec.index_key].dtype
+            if dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"get_asc_insert_func: feature {spec.name!r} has ids of dtype {dtype.name}; "
+                                "ids must be int32 or int64")
+
+    def _exchange(self, batch, is_end):
+        batch = dict(batch)
+        keys = [batch[spec.index_key] for spec in self.specs]
+        outs = tf.numpy_function(self._processor, [is_end] + keys, [tf.bool] + [tf.int32] * (4 * len(self.specs)),
+                                 stateful=True, name="shardrec_key_exchange")
+        stop = tf.reshape(outs[0], [])
+        size = config.get_config().size
+        for i, spec in enumerate(self.specs):
+            slots, send_splits, recv_splits, restore = outs[1 + 4 * i:5 + 4 * i]
+            slots.set_shape([None])
+            send_splits.set_shape([size])
+            recv_splits.set_shape([size])
+            restore.set_shape([keys[i].shape.num_elements()])
+            for field, value in zip(_FIELDS, (slots, send_splits, recv_splits, restore)):
+                batch[pipeline_key(spec.name, field)] = value
+        return batch, stop
+
+    def apply(self, dataset, num_parallel_calls=None, deterministic=None, name=None):
+        self._check_element(dataset.element_spec)
+        if num_parallel_calls is not None:
+            log.warning("dataset.map(insert_fn, num_parallel_calls=%s): the key pipeline runs sequentially "
+                        "so that every rank's exchanges stay in step", num_parallel_calls)
+        marked = dataset.map(lambda batch: (batch, False))
+        marked = marked.concatenate(tf.data.Dataset.from_tensors((_end_marker(dataset.element_spec), True)))
+        processed = marked.map(self._exchange)
+        processed = processed.take_while(lambda batch, stop: tf.logical_not(stop))
+        return processed.map(lambda batch, stop: batch)
+
+
+def _wrap_map(cls):
+    original = cls.__dict__["map"]
+    if getattr(original, "_shardrec_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def map(self, map_func, *args, **kwargs):  # noqa: A001 - it is Dataset.map
+        if isinstance(map_func, InsertFunction):
+            out = map_func.apply(self, *args, **kwargs)
+            return dataset_ops.DatasetV1Adapter(out) if isinstance(self, dataset_ops.DatasetV1) else out
+        return original(self, map_func, *args, **kwargs)
+
+    map._shardrec_wrapped = True
+    cls.map = map
+
+
+_wrap_map(dataset_ops.DatasetV2)
+_wrap_map(dataset_ops.DatasetV1)
 
 
 def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwargs):
-    """Returns the map function that hands every batch's ids to the key pipeline."""
+    """Returns the function for ``dataset.map`` that hands every batch's ids to the key pipeline."""
     owner = "get_asc_insert_func"
     config.get_config()
     if isinstance(tgt_key_specs, FeatureSpec):
@@ -74,35 +170,9 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
         raise ValueError(f"{owner}: feature names must be unique, repeated: {duplicated}")
     if not specs:
         raise ValueError(f"{owner}: tgt_key_specs holds no table feature")
-    processor = _BatchKeyProcessor(specs, is_training)
-
-    def insert_fn(batch):
-        if not isinstance(batch, dict):
-            raise TypeError(f"{owner}: dataset elements must be dicts of feature name to tensor, got {type(batch).__name__}")
-        batch = dict(batch)
-        keys = []
-        for spec in specs:
-            if spec.index_key not in batch:
-                raise KeyError(f"{owner}: feature {spec.name!r} reads dataset key {spec.index_key!r}, which the "
-                               f"dataset does not have; it has: {sorted(map(str, batch))}")
-            ids = batch[spec.index_key]
-            if ids.dtype not in (tf.int32, tf.int64):
-                raise TypeError(f"{owner}: feature {spec.name!r} has ids of dtype {ids.dtype.name}; "
-                                "ids must be int32 or int64")
-            keys.append(ids)
-        outs = tf.numpy_function(processor, keys, [tf.int32, tf.int32] * len(specs), stateful=True,
-                                 name="shardrec_key_pipeline")
-        for i, spec in enumerate(specs):
-            slots, restore = outs[2 * i], outs[2 * i + 1]
-            slots.set_shape([None])
-            restore.set_shape([keys[i].shape.num_elements()])
-            batch[slots_key(spec.name)] = slots
-            batch[restore_key(spec.name)] = restore
-        return batch
-
     if dump_graph:
         log.info("dump_graph=True: FeatureSpec mode does not rewrite the graph, nothing to dump")
-    return insert_fn
+    return InsertFunction(specs, is_training)
 
 
 def start_asc_pipeline():

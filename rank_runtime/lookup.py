@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from . import config
 from .feature_spec import FeatureSpec
-from .key_pipeline import restore_key, slots_key
+from .key_pipeline import pipeline_key
 from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 
@@ -15,12 +15,22 @@ def _check_batch(spec, batch):
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
                          "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
     check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
-    for key in (slots_key(spec.name), restore_key(spec.name)):
-        if key not in batch:
+    for field in ("slots", "send_splits", "recv_splits", "restore"):
+        if pipeline_key(spec.name, field) not in batch:
             raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
                              "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
     if spec.index_key not in batch:
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: batch has no ids under {spec.index_key!r}")
+
+
+def _rows_to_requesters(rows, recv_splits, dim, static_rows):
+    """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner."""
+    import horovod.tensorflow as hvd
+
+    name = tf.compat.v1.get_default_graph().unique_name("shardrec_row_alltoall", mark_as_used=False)
+    back, _ = hvd.alltoall(rows, splits=recv_splits, name=name.replace("/", "_"))
+    back.set_shape([static_rows, dim])
+    return back
 
 
 def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
@@ -73,20 +83,29 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     if send_count is not None:
         hashtable.send_counts[ids.name] = send_count
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
-        slots = batch[slots_key(ids.name)]
-        restore = batch[restore_key(ids.name)]
+        slots = batch[pipeline_key(ids.name, "slots")]
+        restore = batch[pipeline_key(ids.name, "restore")]
         if not cfg.use_dynamic:
-            slots = tf.ensure_shape(slots, [send_count])
+            slots = tf.ensure_shape(slots, [send_count * cfg.size])
         # Gradients flow to the table variable as IndexedSlices over `slots`: the sparse
-        # optimizers update those rows only.
+        # optimizers update those rows only, summing a row asked for by several ranks.
         rows = tf.gather(hashtable.variable, slots)
         if not is_grad:
             rows = tf.stop_gradient(rows)
+        width = hashtable.dim
+        if serving_default_value is not None:
+            # The owner knows which keys have no row: that flag travels back as one more column.
+            missing = tf.cast(tf.equal(slots, hashtable.sentinel), tf.float32)[:, None]
+            rows = tf.concat([rows, missing], axis=1)
+            width += 1
+        if cfg.size > 1:
+            rows = _rows_to_requesters(rows, batch[pipeline_key(ids.name, "recv_splits")], width,
+                                       None if cfg.use_dynamic else send_count * cfg.size)
         emb = tf.gather(rows, restore)
         if serving_default_value is not None:
             default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [hashtable.dim])
-            missing = tf.equal(tf.gather(slots, restore), hashtable.sentinel)
-            emb = tf.where(missing[:, None], default[None, :], emb)
+            emb, missing = emb[:, :hashtable.dim], emb[:, hashtable.dim:] > 0.5
+            emb = tf.where(missing, default[None, :], emb)
         ids_tensor = batch[ids.index_key]
         out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
         out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))

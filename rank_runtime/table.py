@@ -14,6 +14,7 @@ import tensorflow as tf
 from . import config
 from .logs import get_logger
 from .validation import check_choice, check_int, check_number, check_type
+from .world import get_world
 
 log = get_logger("shardrec.table")
 
@@ -67,8 +68,20 @@ class EmbeddingTable:
         """Rows this rank's shard can hold."""
         return self.index.capacity
 
+    def global_size(self, timeout=60.0):
+        """Keys held by all ranks together. Every rank must call it at the same point; a lone
+        caller gets a TimeoutError instead of hanging the job."""
+        return get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
+
     def counters(self):
-        return dict(self.index.counters(), size=self.size(), capacity=self.capacity())
+        """This rank's counters: keys held and capacity, keys sent to owners and received as owner
+        (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased."""
+        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity())
+        c["key_bytes_sent"] = 8 * c["keys_sent"]
+        c["key_bytes_received"] = 8 * c["keys_received"]
+        c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]
+        c["row_bytes_received"] = 4 * self.dim * c["keys_sent"]
+        return c
 
     def __repr__(self):
         return f"EmbeddingTable({self.table_name!r}, dim={self.dim}, size={self.size()}, capacity={self.capacity()})"

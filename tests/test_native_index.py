@@ -2,6 +2,13 @@
 import numpy as np
 import pytest
 import shardrec_native as native
+from mpi4py import MPI
+
+
+def insert_batch(index, keys):
+    """Dedup then allocate, as the owner does for one batch: (slots of unique keys, restore)."""
+    unique, restore = native.dedup(keys)
+    return index.lookup(unique, True), restore
 
 
 def test_dedup_matches_numpy_unique_in_first_seen_order():
@@ -33,9 +40,9 @@ def test_index_against_dict_with_growth_erase_and_slot_reuse():
     next_slot = 0
     for step in range(60):
         keys = rng.integers(-3000, 3000, size=300) * 1_000_003
-        slots, restore, num_unique = index.process_batch(keys, True)
+        slots, restore = insert_batch(index, keys)
         unique = keys[np.sort(np.unique(keys, return_index=True)[1])]
-        assert num_unique == len(unique)
+        assert len(slots) == len(unique)
         for k, s in zip(unique.tolist(), slots.tolist()):
             if k not in oracle:
                 oracle[k] = free.pop() if free else next_slot
@@ -58,26 +65,58 @@ def test_index_against_dict_with_growth_erase_and_slot_reuse():
 
 def test_eval_lookup_never_allocates_and_reads_sentinel():
     index = native.EmbeddingIndex("t", 10)
-    index.process_batch(np.array([1, 2, 3], np.int64), True)
-    slots, restore, _ = index.process_batch(np.array([3, 99, 1, 99], np.int64), False)
-    np.testing.assert_array_equal(slots[restore], [2, index.sentinel, 0, index.sentinel])
+    insert_batch(index, np.array([1, 2, 3], np.int64))
+    slots = index.lookup(np.array([3, 99, 1, 99], np.int64), False)
+    np.testing.assert_array_equal(slots, [2, index.sentinel, 0, index.sentinel])
     assert index.size() == 3
-    assert index.counters()["missed"] == 1
+    assert index.counters()["missed"] == 2
 
 
-def test_static_padding_and_overflow_error():
+def test_single_rank_exchange_dedups_pads_and_restores():
     index = native.EmbeddingIndex("padded", 100)
-    slots, restore, n = index.process_batch(np.array([5, 6, 5], np.int64), True, 4)
-    np.testing.assert_array_equal(slots, [0, 1, index.sentinel, index.sentinel])
-    assert n == 2
-    with pytest.raises(native.CapacityError, match=r"'padded'.*3 unique keys.*send_count=2"):
-        index.process_batch(np.array([7, 8, 9], np.int64), True, 2)
+    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
+    keys = np.array([[5, 6], [5, -2]], np.int64)
+    [(slots, send, recv, restore)] = exchange.run([index], [keys], [4], True)
+    np.testing.assert_array_equal(slots, [0, 1, 2, index.sentinel])
+    np.testing.assert_array_equal(send, [4])
+    np.testing.assert_array_equal(recv, [4])
+    np.testing.assert_array_equal(slots[restore], [0, 1, 0, 2])
+    [(slots, send, recv, restore)] = exchange.run([index], [keys.astype(np.int32)], [0], True)
+    np.testing.assert_array_equal(slots, [0, 1, 2])
+    np.testing.assert_array_equal(send, [3])
+    assert exchange.run([index], [keys], [0], False) is None, "no data on the only rank ends the pass"
+    assert index.counters()["keys_sent"] == 6 and index.counters()["keys_received"] == 6
+    assert exchange.counters()["batches"] == 3
+
+
+def test_static_overflow_error_names_table_ranks_and_send_count():
+    index = native.EmbeddingIndex("padded", 100)
+    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
+    with pytest.raises(native.ExchangeError, match=r"table 'padded': rank 0 has 3 unique keys for rank 0, "
+                                                   r"more than send_count=2"):
+        exchange.run([index], [np.array([7, 8, 9], np.int64)], [2], True)
+    assert index.size() == 0, "nothing is allocated for a refused batch"
+
+
+def test_eval_exchange_never_allocates():
+    index = native.EmbeddingIndex("t", 10)
+    insert_batch(index, np.array([4], np.int64))
+    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "eval", False)
+    [(slots, _, _, restore)] = exchange.run([index], [np.array([4, 8, 4], np.int64)], [0], True)
+    np.testing.assert_array_equal(slots[restore], [0, index.sentinel, 0])
+    assert index.size() == 1
+
+
+def test_owner_rule_is_the_mathematical_modulo():
+    for key in (-(2**63), -7, -1, 0, 1, 7, 2**63 - 1):
+        for world in (1, 2, 3, 4, 7):
+            assert native.owner_of(key, world) == key % world
 
 
 def test_full_table_error_names_table_and_capacity():
     index = native.EmbeddingIndex("small", 4)
     with pytest.raises(native.CapacityError, match=r"'small'.*full \(4 rows"):
-        index.process_batch(np.arange(10, dtype=np.int64), True)
+        index.lookup(np.arange(10, dtype=np.int64), True)
     with pytest.raises(ValueError, match="capacity"):
         native.EmbeddingIndex("bad", 0)
 
@@ -85,4 +124,7 @@ def test_full_table_error_names_table_and_capacity():
 def test_float_keys_are_rejected():
     index = native.EmbeddingIndex("t", 10)
     with pytest.raises(TypeError):
-        index.process_batch(np.array([1.5, 2.0]), True)
+        index.lookup(np.array([1.5, 2.0]), True)
+    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
+    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        exchange.run([index], [np.array([1.5])], [0], True)

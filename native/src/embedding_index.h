@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "batch_dedup.h"
 #include "key_slot_map.h"
 
 namespace shardrec {
@@ -20,17 +19,11 @@ class CapacityError : public std::runtime_error {
 };
 
 struct IndexCounters {
-  uint64_t batches = 0;
-  uint64_t keys_seen = 0;      // batch positions processed
-  uint64_t unique_seen = 0;    // unique keys per batch, summed
+  uint64_t keys_sent = 0;      // unique batch keys sent to their owners (own rank included)
+  uint64_t keys_received = 0;  // keys received as their owner (own rank included)
   uint64_t inserted = 0;       // keys given a new slot
   uint64_t missed = 0;         // unknown keys on a non-allocating (eval) lookup
   uint64_t erased = 0;
-};
-
-struct BatchResult {
-  std::vector<int32_t> slots;  // one per unique key (padded when asked)
-  size_t num_unique = 0;
 };
 
 class EmbeddingIndex {
@@ -61,33 +54,17 @@ class EmbeddingIndex {
     return map_.memory_bytes() + free_.capacity() * sizeof(int32_t);
   }
 
-  // Dedups `keys`, writes restore indices, and returns the slot of every unique key.
-  // allocate=false (eval) never inserts: unknown keys get the sentinel.
-  // pad_to > 0 pads the slots with the sentinel to that length (static shapes).
-  template <typename Key>
-  BatchResult process_batch(const Key* keys, size_t n, bool allocate, int64_t pad_to, int32_t* restore) {
-    BatchResult out;
+  // Maps keys to slots. allocate=false (eval) never inserts: unknown keys get the sentinel.
+  void lookup(const int64_t* keys, size_t n, bool allocate, int32_t* slots) {
     std::lock_guard<std::mutex> g(mu_);
-    dedup_.run(keys, n, unique_, restore);
-    out.num_unique = unique_.size();
-    if (pad_to > 0 && static_cast<int64_t>(unique_.size()) > pad_to) {
-      throw CapacityError("table '" + name_ + "': the batch has " + std::to_string(unique_.size()) +
-                          " unique keys, more than send_count=" + std::to_string(pad_to) +
-                          "; raise send_count to at least that");
-    }
-    out.slots.resize(pad_to > 0 ? static_cast<size_t>(pad_to) : unique_.size(), sentinel());
-    lookup_locked(unique_.data(), unique_.size(), allocate, out.slots.data());
-    counters_.batches += 1;
-    counters_.keys_seen += n;
-    counters_.unique_seen += unique_.size();
-    return out;
+    lookup_locked(keys, n, allocate, slots);
   }
 
-  template <typename Key>
-  void lookup(const Key* keys, size_t n, bool allocate, int32_t* slots) {
+  // Keys this shard sent to owners and received from requesters in one exchange.
+  void add_traffic(uint64_t sent, uint64_t received) {
     std::lock_guard<std::mutex> g(mu_);
-    std::vector<int64_t> k(keys, keys + n);
-    lookup_locked(k.data(), n, allocate, slots);
+    counters_.keys_sent += sent;
+    counters_.keys_received += received;
   }
 
   // Frees the rows of `keys`; their slots are reused by later inserts. Returns how many existed.
@@ -159,8 +136,6 @@ class EmbeddingIndex {
   const int32_t capacity_;
   mutable std::mutex mu_;
   KeySlotMap map_;
-  BatchDedup dedup_;
-  std::vector<int64_t> unique_;
   std::vector<int32_t> free_;
   int32_t next_slot_ = 0;
   IndexCounters counters_;

@@ -1,4 +1,6 @@
-// The pybind11 module: numpy arrays in and out, the GIL released around every loop over keys.
+// The pybind11 module: numpy arrays in and out, the GIL released around every loop over keys
+// and every MPI call.
+#include <mpi4py/mpi4py.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,10 +9,12 @@
 
 #include "batch_dedup.h"
 #include "embedding_index.h"
+#include "key_exchange.h"
 
 namespace py = pybind11;
 using shardrec::BatchDedup;
 using shardrec::EmbeddingIndex;
+using shardrec::KeyExchange;
 
 namespace {
 
@@ -22,28 +26,6 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
   py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
   if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
   return a;
-}
-
-template <typename Key>
-py::tuple process_batch(EmbeddingIndex& index, CArray<Key> keys, bool allocate, int64_t pad_to) {
-  const size_t n = static_cast<size_t>(keys.size());
-  py::array_t<int32_t> restore(static_cast<py::ssize_t>(n));
-  shardrec::BatchResult r;
-  {
-    py::gil_scoped_release nogil;
-    r = index.process_batch(keys.data(), n, allocate, pad_to, restore.mutable_data());
-  }
-  return py::make_tuple(to_numpy(r.slots), restore, r.num_unique);
-}
-
-template <typename Key>
-py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<Key> keys, bool allocate) {
-  py::array_t<int32_t> slots(keys.size());
-  {
-    py::gil_scoped_release nogil;
-    index.lookup(keys.data(), static_cast<size_t>(keys.size()), allocate, slots.mutable_data());
-  }
-  return slots;
 }
 
 template <typename Key>
@@ -59,15 +41,61 @@ py::tuple dedup(CArray<Key> keys) {
   return py::make_tuple(to_numpy(unique), restore);
 }
 
+py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool allocate) {
+  py::array_t<int32_t> slots(keys.size());
+  {
+    py::gil_scoped_release nogil;
+    index.lookup(keys.data(), static_cast<size_t>(keys.size()), allocate, slots.mutable_data());
+  }
+  return slots;
+}
+
+// One batch through the exchange: per feature (index, ids array, send_count). Returns None when
+// some rank is out of data, else per feature (local_slots, send_splits, recv_splits, restore).
+py::object exchange_run(KeyExchange& ex, const std::vector<EmbeddingIndex*>& indexes, const py::list& keys,
+                        const std::vector<int64_t>& send_counts, bool has_data) {
+  const size_t nf = indexes.size();
+  if (static_cast<size_t>(py::len(keys)) != nf || send_counts.size() != nf)
+    throw std::invalid_argument("indexes, keys and send_counts must have one entry per feature");
+  std::vector<py::array> arrays;
+  std::vector<shardrec::FeatureInput> in(nf);
+  for (size_t f = 0; f < nf; ++f) {
+    py::array a = py::reinterpret_borrow<py::array>(keys[f]);
+    const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
+    if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
+      throw py::type_error("feature " + std::to_string(f) + ": ids must be int32 or int64, got " +
+                           std::string(py::str(a.dtype())));
+    if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
+    in[f] = shardrec::FeatureInput{indexes[f], a.data(), i32, static_cast<size_t>(a.size()), send_counts[f]};
+    arrays.push_back(a);
+  }
+  std::vector<shardrec::FeatureOutput> out;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = ex.run(in, has_data, out);
+  }
+  if (!ok) return py::none();
+  py::list result;
+  for (auto& o : out)
+    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.send_splits), to_numpy(o.recv_splits),
+                                 to_numpy(o.restore)));
+  return std::move(result);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(shardrec_native, m) {
-  m.doc() = "shardrec's native key core: per-table key index, batch dedup.";
+  m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
+  if (import_mpi4py() < 0) throw py::error_already_set();
   py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
+  py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
 
   m.def("dedup", &dedup<int64_t>, py::arg("keys"));
   m.def("dedup", &dedup<int32_t>, py::arg("keys"),
         "Unique keys in first-seen order and restore indices (unique[restore] == keys).");
+  m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, world); }, py::arg("key"),
+        py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
 
   py::class_<EmbeddingIndex>(m, "EmbeddingIndex")
       .def(py::init<std::string, int64_t>(), py::arg("name"), py::arg("capacity"))
@@ -76,11 +104,8 @@ PYBIND11_MODULE(shardrec_native, m) {
       .def_property_readonly("sentinel", &EmbeddingIndex::sentinel)
       .def("size", &EmbeddingIndex::size)
       .def("memory_bytes", &EmbeddingIndex::memory_bytes)
-      .def("process_batch", &process_batch<int64_t>, py::arg("keys"), py::arg("allocate"), py::arg("pad_to") = 0)
-      .def("process_batch", &process_batch<int32_t>, py::arg("keys"), py::arg("allocate"), py::arg("pad_to") = 0,
-           "Dedup a batch and map its unique keys to slots: returns (slots, restore, num_unique).")
-      .def("lookup", &lookup<int64_t>, py::arg("keys"), py::arg("allocate") = false)
-      .def("lookup", &lookup<int32_t>, py::arg("keys"), py::arg("allocate") = false)
+      .def("lookup", &lookup, py::arg("keys"), py::arg("allocate") = false,
+           "Slots of `keys`; allocate=True inserts unknown keys, else they get the sentinel.")
       .def(
           "erase",
           [](EmbeddingIndex& index, CArray<int64_t> keys) {
@@ -100,12 +125,32 @@ PYBIND11_MODULE(shardrec_native, m) {
       .def("counters", [](const EmbeddingIndex& index) {
         const auto c = index.counters();
         py::dict d;
-        d["batches"] = c.batches;
-        d["keys_seen"] = c.keys_seen;
-        d["unique_seen"] = c.unique_seen;
+        d["keys_sent"] = c.keys_sent;
+        d["keys_received"] = c.keys_received;
         d["inserted"] = c.inserted;
         d["missed"] = c.missed;
         d["erased"] = c.erased;
+        return d;
+      });
+
+  py::class_<KeyExchange>(m, "KeyExchange")
+      .def(py::init([](py::object comm, std::string channel, bool allocate) {
+             MPI_Comm* c = PyMPIComm_Get(comm.ptr());
+             if (c == nullptr) throw py::error_already_set();
+             return new KeyExchange(*c, std::move(channel), allocate);
+           }),
+           py::arg("comm"), py::arg("channel"), py::arg("allocate"), py::keep_alive<1, 2>(),
+           "An exchange on `comm` (an mpi4py communicator of its own); allocate=False for eval.")
+      .def_property_readonly("rank", &KeyExchange::rank)
+      .def_property_readonly("world_size", &KeyExchange::world)
+      .def_property_readonly("channel", &KeyExchange::channel)
+      .def("run", &exchange_run, py::arg("indexes"), py::arg("keys"), py::arg("send_counts"), py::arg("has_data"))
+      .def("counters", [](const KeyExchange& ex) {
+        const auto c = ex.counters();
+        py::dict d;
+        d["batches"] = c.batches;
+        d["seconds_in_collectives"] = c.ns_in_collectives * 1e-9;
+        d["seconds_total"] = c.ns_total * 1e-9;
         return d;
       });
 }

@@ -1,0 +1,87 @@
+"""The rank layout and the communicators: MPI through mpi4py, Horovod on the same world, and a
+duplicated communicator per key-exchange channel so the native all-to-alls never meet Horovod's
+collectives or each other."""
+import sys
+import time
+import traceback
+
+import numpy as np
+import shardrec_native
+from mpi4py import MPI
+
+from .logs import get_logger
+
+log = get_logger("shardrec.world")
+CHANNELS = ("train", "eval")
+
+
+class World:
+    def __init__(self):
+        comm = MPI.COMM_WORLD
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        import horovod.tensorflow as hvd
+
+        if not hvd.is_initialized():
+            hvd.init(comm=comm)
+        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
+            raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI {self.rank}/{self.size}: "
+                               "initialise Horovod on MPI.COMM_WORLD (or let init() do it)")
+        # Each exchange lives on a communicator of its own; creating them is collective, and
+        # every rank runs init() at the same point of the same script.
+        self._comms = {name: comm.Dup() for name in CHANNELS}
+        self.exchanges = {name: shardrec_native.KeyExchange(self._comms[name], name, name == "train")
+                          for name in CHANNELS}
+        self._helper = comm.Dup()
+        self._helper_broken = None
+        if self.size > 1:
+            _abort_on_uncaught_exception(comm)
+
+    def sum_over_ranks(self, value, what, timeout=60.0):
+        """Sum of an int over all ranks. Every rank must call it at the same point; a lone caller
+        gets an error after `timeout` seconds instead of hanging the job."""
+        if self._helper_broken:
+            raise RuntimeError(f"{what}: {self._helper_broken}")
+        send = np.array([value], np.int64)
+        recv = np.zeros(1, np.int64)
+        request = self._helper.Iallreduce(send, recv, op=MPI.SUM)
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
+                                       "all ranks must call it together, and the ranks are now out of step")
+                raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
+                                   "call it together (at the same point of the script)")
+            time.sleep(0.001)
+        return int(recv[0])
+
+
+def _abort_on_uncaught_exception(comm):
+    """An uncaught error on one rank ends the whole job at once: the other ranks would otherwise
+    wait in their next collective for ever."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        rank = comm.Get_rank()
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"[rank {rank}/{comm.Get_size()}] uncaught error, aborting the job:\n{text}")
+        sys.stderr.flush()
+        if issubclass(exc_type, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+_world = None
+
+
+def get_world():
+    """The world, created on first use (collective: every rank calls it at the same point)."""
+    global _world
+    if _world is None:
+        _world = World()
+    return _world

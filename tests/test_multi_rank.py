@@ -1,0 +1,96 @@
+"""Sharding across ranks under real mpiexec: N-rank training reproduces 1-rank training, each rank
+holds exactly its keys, uneven data stops every rank together, errors stop every rank."""
+import glob
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from mpi_helpers import check, mpiexec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def oracle_runs(tmp_path_factory):
+    out = {}
+    for n in (1, 2, 4):
+        d = tmp_path_factory.mktemp(f"oracle{n}")
+        check(mpiexec(n, "oracle_train.py", d))
+        out[n] = d
+    return out
+
+
+def load(directory, opt, n):
+    parts = [np.load(os.path.join(directory, f"{opt}-rank{r}-of{n}.npz")) for r in range(n)]
+    assert len(glob.glob(os.path.join(directory, f"{opt}-rank*-of{n}.npz"))) == n
+    return parts
+
+
+@pytest.mark.parametrize("opt", ["sgd", "lazy_adam"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_n_ranks_reproduce_one_rank(oracle_runs, opt, n):
+    [ref] = load(oracle_runs[1], opt, 1)
+    ref_rows = dict(zip(ref["keys"].tolist(), ref["rows"]))
+    assert max(np.abs(r - 0.1).max() for r in ref_rows.values()) > 0.05, "training moved the rows"
+    rows = {}
+    for part in load(oracle_runs[n], opt, n):
+        assert int(part["steps"]) == int(ref["steps"]) == 40
+        np.testing.assert_allclose(part["w"], ref["w"], atol=1e-5, rtol=0)
+        rows.update(zip(part["keys"].tolist(), part["rows"]))
+    assert rows.keys() == ref_rows.keys()
+    for key, row in ref_rows.items():
+        np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"key {key}")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_each_rank_holds_exactly_its_residue(oracle_runs, n):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "mpi_jobs"))
+    import oracle_train
+
+    all_keys = set(np.unique(oracle_train.global_data()["ids"]).tolist())
+    for rank, part in enumerate(load(oracle_runs[n], "sgd", n)):
+        held = part["keys"].tolist()
+        assert len(held) == len(set(held)) == int(part["local_size"])
+        assert set(held) == {k for k in all_keys if k % n == rank}
+        assert int(part["global_size"]) == len(all_keys)
+
+
+def test_uneven_data_stops_every_rank_at_the_same_step():
+    proc = check(mpiexec(3, "uneven_data.py", timeout=120))
+    stops = re.findall(r"STOP rank=(\d) pass=(\w+) steps=(\d+) seconds=([0-9.]+)", proc.stdout)
+    assert len(stops) == 9, proc.stdout
+    for rank, name, steps, seconds in stops:
+        # Rank 0 has the fewest batches: 6 for training, 2 for evaluation.
+        assert int(steps) == (6 if name == "train" else 2), stops
+        assert float(seconds) < 30
+    assert "train data: another rank ran out of data after 6 batches" in proc.stderr
+    assert "[rank 0/3]" in proc.stderr and "this rank has no more" in proc.stderr
+
+
+def test_send_count_overflow_stops_every_rank_with_the_named_error():
+    proc = mpiexec(2, "send_count_overflow.py", timeout=120)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert re.search(rf"ERROR rank={rank}: .*table 'narrow': rank 1 has 16 unique keys for rank 0, "
+                         r"more than send_count=4", proc.stdout), proc.stdout + proc.stderr[-3000:]
+    assert "NO ERROR" not in proc.stdout
+
+
+def test_global_size_sums_ranks_and_a_lone_caller_times_out():
+    proc = check(mpiexec(2, "global_size.py", timeout=120))
+    assert re.findall(r"SIZES rank=\d local=(\d+) global=(\d+)", proc.stdout) == [("40", "80")] * 2
+    assert re.search(r"LONE rank=1: table 't': global_size\(\): not every rank called it within 2 s", proc.stdout)
+
+
+def test_demo_trains_on_two_ranks(tmp_path):
+    proc = check(mpiexec(2, os.path.join(ROOT, "examples", "wide_deep.py"), "--steps", "200", "--eval-samples", "10000",
+                         "--model-dir", tmp_path))
+    summaries = re.findall(r"SUMMARY rank=(\d)/2 .*eval_auc=([0-9.]+) .*deep_table=(\d+)/(\d+)", proc.stdout)
+    assert sorted(s[0] for s in summaries) == ["0", "1"], proc.stdout
+    for _, auc, local, total in summaries:
+        assert float(auc) >= 0.70
+        assert 0 < int(local) < int(total)
+    assert sum(int(s[2]) for s in summaries) == int(summaries[0][3])
