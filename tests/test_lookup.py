@@ -104,29 +104,27 @@ def test_static_shape_overflow_names_the_table_and_send_count(graph):
         _static_run(5, ids)
 
 
-def test_full_table_error_reaches_the_session(graph):
+def _run_one_feature(ids, batch_size, capacity, start_pipeline=True):
     config.init()
     spec = FeatureSpec("ids", table_name="tiny")
-    iterator, batch = batched_iterator({"ids": np.arange(20).reshape(10, 2)}, 5, [spec])
-    table = create_table(tf.int64, 2, "tiny", slot_row_initializer, device_vocabulary_size=8)
+    iterator, batch = batched_iterator({"ids": ids}, batch_size, [spec])
+    table = create_table(tf.int64, 2, "tiny", slot_row_initializer, device_vocabulary_size=capacity)
     out = sparse_lookup(table, spec, batch=batch)
-    start_asc_pipeline()
+    if start_pipeline:
+        start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        with pytest.raises(tf.errors.OpError, match=r"'tiny'.*full \(8 rows"):
-            run_all(sess, iterator, out)
+        return run_all(sess, iterator, out)
+
+
+def test_full_table_error_reaches_the_session(graph):
+    with pytest.raises(tf.errors.OpError, match=r"'tiny'.*full \(8 rows"):
+        _run_one_feature(np.arange(20).reshape(10, 2), 5, 8)
 
 
 def test_pipeline_must_be_started_before_running(graph):
-    config.init()
-    spec = FeatureSpec("ids", table_name="t")
-    iterator, batch = batched_iterator({"ids": np.arange(4).reshape(2, 2)}, 2, [spec])
-    table = create_table(tf.int64, 2, "t", slot_row_initializer, device_vocabulary_size=8)
-    out = sparse_lookup(table, spec, batch=batch)
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        with pytest.raises(tf.errors.OpError, match="start_asc_pipeline"):
-            run_all(sess, iterator, out)
+    with pytest.raises(tf.errors.OpError, match="start_asc_pipeline"):
+        _run_one_feature(np.arange(4).reshape(2, 2), 2, 8, start_pipeline=False)
 
 
 def test_is_grad_false_stops_gradients(graph):
