@@ -1,8 +1,9 @@
 """The key pipeline: what ``dataset.map(get_asc_insert_func(...))`` inserts into a dataset.
 
-For every batch and every FeatureSpec it adds four int32 tensors to the batch: the local rows this
-rank gathers for its peers, the send / receive splits of the row all-to-all, and the restore
-indices that put the returned rows in batch order. The work is one native call per batch (dedup,
+For every batch and every FeatureSpec it adds five int32 tensors to the batch: the distinct local
+rows this rank gathers for its peers, the index that expands them to one row per received key,
+the send / receive splits of the row all-to-all, and the restore indices that put the returned
+rows in batch order. The work is one native call per batch (dedup,
 MPI all-to-all of the keys, index lookup; GIL released); nothing in Python touches single keys.
 
 Every rank must see the same number of batches, or a collective waits for ever. A map function
@@ -27,7 +28,7 @@ from .world import get_world
 log = get_logger("shardrec.pipeline")
 
 _PREFIX = "_shardrec"
-_FIELDS = ("slots", "send_splits", "recv_splits", "restore")
+_FIELDS = ("slots", "expand", "send_splits", "recv_splits", "restore")
 
 
 def pipeline_key(feature_name, field):
@@ -59,7 +60,7 @@ class _BatchKeyProcessor:
             size = cfg.size
             empty = np.zeros(0, np.int32)
             return [np.True_] + [a for keys in key_arrays
-                                 for a in (empty, np.zeros(size, np.int32), np.zeros(size, np.int32),
+                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(size, np.int32),
                                            np.zeros(np.size(keys), np.int32))]
         self.batches += 1
         return [np.False_] + [a for outputs in result for a in outputs]
@@ -104,17 +105,19 @@ class InsertFunction:
     def _exchange(self, batch, is_end):
         batch = dict(batch)
         keys = [batch[spec.index_key] for spec in self.specs]
-        outs = tf.numpy_function(self._processor, [is_end] + keys, [tf.bool] + [tf.int32] * (4 * len(self.specs)),
+        width = len(_FIELDS)
+        outs = tf.numpy_function(self._processor, [is_end] + keys, [tf.bool] + [tf.int32] * (width * len(self.specs)),
                                  stateful=True, name="shardrec_key_exchange")
         stop = tf.reshape(outs[0], [])
         size = config.get_config().size
         for i, spec in enumerate(self.specs):
-            slots, send_splits, recv_splits, restore = outs[1 + 4 * i:5 + 4 * i]
+            slots, expand, send_splits, recv_splits, restore = outs[1 + width * i:1 + width * (i + 1)]
             slots.set_shape([None])
+            expand.set_shape([None])
             send_splits.set_shape([size])
             recv_splits.set_shape([size])
             restore.set_shape([keys[i].shape.num_elements()])
-            for field, value in zip(_FIELDS, (slots, send_splits, recv_splits, restore)):
+            for field, value in zip(_FIELDS, (slots, expand, send_splits, recv_splits, restore)):
                 batch[pipeline_key(spec.name, field)] = value
         return batch, stop
 

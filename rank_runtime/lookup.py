@@ -15,7 +15,7 @@ def _check_batch(spec, batch):
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
                          "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
     check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
-    for field in ("slots", "send_splits", "recv_splits", "restore"):
+    for field in ("slots", "expand", "send_splits", "recv_splits", "restore"):
         if pipeline_key(spec.name, field) not in batch:
             raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
                              "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
@@ -85,11 +85,11 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
         slots = batch[pipeline_key(ids.name, "slots")]
         restore = batch[pipeline_key(ids.name, "restore")]
-        if not cfg.use_dynamic:
-            slots = tf.ensure_shape(slots, [send_count * cfg.size])
-        # Gradients flow to the table variable as IndexedSlices over `slots`: the sparse
-        # optimizers update those rows only, summing a row asked for by several ranks.
+        # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
+        # the sparse optimizers update those rows only, with no dedup of their own. The expand
+        # gather's gradient sums the gradients of a row asked for by several ranks.
         rows = tf.gather(hashtable.variable, slots)
+        hashtable.distinct_slot_tensors.add(slots.ref())
         if not is_grad:
             rows = tf.stop_gradient(rows)
         width = hashtable.dim
@@ -98,6 +98,10 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
             missing = tf.cast(tf.equal(slots, hashtable.sentinel), tf.float32)[:, None]
             rows = tf.concat([rows, missing], axis=1)
             width += 1
+        if cfg.size > 1 or not cfg.use_dynamic:
+            rows = tf.gather(rows, batch[pipeline_key(ids.name, "expand")])
+        if not cfg.use_dynamic:
+            rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
         if cfg.size > 1:
             rows = _rows_to_requesters(rows, batch[pipeline_key(ids.name, "recv_splits")], width,
                                        None if cfg.use_dynamic else send_count * cfg.size)

@@ -40,6 +40,8 @@ class EmbeddingTable:
         self.lookup_count = 0
         # send_count per feature, registered by sparse_lookup and read by the key pipeline.
         self.send_counts = {}
+        # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
+        self.distinct_slot_tensors = set()
         self.variable = self._make_variable(emb_initializer, capacity)
 
     def _make_variable(self, emb_initializer, capacity):
@@ -171,3 +173,10 @@ def table_of_variable(variable):
         if table.variable is variable:
             return table
     return None
+
+
+def tables_by_slot_tensor():
+    """Slot tensor (as a ref) -> table, over every lookup built so far."""
+    if not config.is_initialized():
+        return {}
+    return {ref: table for table in config.get_config().tables.values() for ref in table.distinct_slot_tensors}

@@ -76,14 +76,18 @@ def test_single_rank_exchange_dedups_pads_and_restores():
     index = native.EmbeddingIndex("padded", 100)
     exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
     keys = np.array([[5, 6], [5, -2]], np.int64)
-    [(slots, send, recv, restore)] = exchange.run([index], [keys], [4], True)
+    [(slots, expand, send, recv, restore)] = exchange.run([index], [keys], [4], True)
+    # Padded to send_count=4: three keys and the sentinel; distinct rows, expanded per received key.
     np.testing.assert_array_equal(slots, [0, 1, 2, index.sentinel])
+    np.testing.assert_array_equal(slots[expand], [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(send, [4])
     np.testing.assert_array_equal(recv, [4])
-    np.testing.assert_array_equal(slots[restore], [0, 1, 0, 2])
-    [(slots, send, recv, restore)] = exchange.run([index], [keys.astype(np.int32)], [0], True)
+    np.testing.assert_array_equal(slots[expand][restore], [0, 1, 0, 2])
+    [(slots, expand, send, recv, restore)] = exchange.run([index], [keys.astype(np.int32)], [0], True)
     np.testing.assert_array_equal(slots, [0, 1, 2])
+    assert expand.size == 0, "one rank, dynamic shapes: the received keys are distinct already"
     np.testing.assert_array_equal(send, [3])
+    np.testing.assert_array_equal(slots[restore], [0, 1, 0, 2])
     assert exchange.run([index], [keys], [0], False) is None, "no data on the only rank ends the pass"
     assert index.counters()["keys_sent"] == 6 and index.counters()["keys_received"] == 6
     assert exchange.counters()["batches"] == 3
@@ -102,7 +106,7 @@ def test_eval_exchange_never_allocates():
     index = native.EmbeddingIndex("t", 10)
     insert_batch(index, np.array([4], np.int64))
     exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "eval", False)
-    [(slots, _, _, restore)] = exchange.run([index], [np.array([4, 8, 4], np.int64)], [0], True)
+    [(slots, _, _, _, restore)] = exchange.run([index], [np.array([4, 8, 4], np.int64)], [0], True)
     np.testing.assert_array_equal(slots[restore], [0, index.sentinel, 0])
     assert index.size() == 1
 

@@ -26,15 +26,23 @@ def model_loss(emb, y):
     return tf.reduce_mean(tf.square(pred - y))
 
 
-def train_shardrec(make_optimizer, data):
-    """Returns (initial table rows, final rows, exported keys, their slots)."""
+def train_shardrec(make_optimizer, data, mode):
+    """Returns (initial table rows, final rows, exported keys, their slots).
+
+    mode "one_lookup": one feature; "two_lookups": the ids split into two features of the same
+    table, so the table's gradient sums two lookups; "static": static shapes with padding."""
     with tf.Graph().as_default():
-        config.init()
-        spec = FeatureSpec("ids", table_name="emb")
-        iterator, batch = batched_iterator(data, BATCH, [spec])
+        config.init(use_dynamic=mode != "static")
+        if mode == "two_lookups":
+            data = {"a": data["ids"][:, :1], "b": data["ids"][:, 1:], "y": data["y"]}
+            specs = [FeatureSpec("a", table_name="emb"), FeatureSpec("b", table_name="emb")]
+        else:
+            specs = [FeatureSpec("ids", table_name="emb")]
+        iterator, batch = batched_iterator(data, BATCH, specs)
         table = create_table(tf.int64, DIM, "emb", tf.compat.v1.random_uniform_initializer(-1, 1, seed=5),
                              device_vocabulary_size=64)
-        loss = model_loss(sparse_lookup(table, spec, batch=batch), batch["y"])
+        embs = [sparse_lookup(table, spec, BATCH * FIELDS, batch=batch) for spec in specs]
+        loss = model_loss(tf.concat(embs, axis=1), batch["y"])
         _, sparse = get_dense_and_sparse_variable()
         opt = make_optimizer()
         train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
@@ -44,9 +52,12 @@ def train_shardrec(make_optimizer, data):
             initial = sess.run(table.variable)
             steps = run_all(sess, iterator, train)
             final = sess.run(table.variable)
+            slot_rows = [sess.run(opt.get_slot(table.variable, n)) for n in opt.get_slot_names()]
         keys, slots = table.index.export()
         config.terminate_config_initializer()
     assert len(steps) == STEPS
+    for rows in slot_rows:
+        assert np.all(rows[-1] == rows[-1][0]), "the sentinel's optimizer state never moves"
     return initial, final, keys, slots
 
 
@@ -103,11 +114,12 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("mode", ["one_lookup", "two_lookups", "static"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_rows_match_plain_tensorflow(name, graph):
+def test_rows_match_plain_tensorflow(name, mode, graph):
     make_sparse, make_reference = CASES[name]
     data = make_data()
-    initial, final, keys, slots = train_shardrec(make_sparse, data)
+    initial, final, keys, slots = train_shardrec(make_sparse, data, mode)
     # Exactly the keys of the data were stored, nothing else.
     assert sorted(keys.tolist()) == sorted(np.unique(data["ids"]).tolist())
     by_key = dict(zip(keys.tolist(), slots.tolist()))

@@ -35,7 +35,8 @@ struct FeatureInput {
 };
 
 struct FeatureOutput {
-  std::vector<int32_t> local_slots;   // rows this rank gathers, in (source rank, arrival) order
+  std::vector<int32_t> local_slots;   // distinct rows this rank gathers for its requesters
+  std::vector<int32_t> expand;        // per received key, its row among local_slots (empty: identity)
   std::vector<int32_t> send_splits;   // rows coming back from each owner
   std::vector<int32_t> recv_splits;   // rows going out to each requester
   std::vector<int32_t> restore;       // per id of the batch: its row among those that come back
@@ -177,6 +178,13 @@ class KeyExchange {
         in[f].index->add_traffic(counts[f][s], n);
         dst += o.recv_splits[s];
       }
+      // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
+      // no padding the received keys are this batch's unique keys already: no expand needed.
+      if (world_ > 1 || pad > 0) {
+        o.expand.resize(o.local_slots.size());
+        owner_dedup_.run(o.local_slots.data(), o.local_slots.size(), owner_unique_, o.expand.data());
+        o.local_slots.assign(owner_unique_.begin(), owner_unique_.end());
+      }
       std::vector<int32_t> owner_base(world_ + 1, 0);
       for (int r = 0; r < world_; ++r) owner_base[r + 1] = owner_base[r] + o.send_splits[r];
       std::vector<int32_t> back(unique[f].size());
@@ -208,8 +216,8 @@ class KeyExchange {
   bool allocate_;
   int rank_ = 0;
   int world_ = 1;
-  BatchDedup dedup_;
-  std::vector<int64_t> send_buf_, recv_buf_;
+  BatchDedup dedup_, owner_dedup_;
+  std::vector<int64_t> send_buf_, recv_buf_, owner_unique_;
   ExchangeCounters counters_;
 };
 

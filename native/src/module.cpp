@@ -51,7 +51,7 @@ py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool al
 }
 
 // One batch through the exchange: per feature (index, ids array, send_count). Returns None when
-// some rank is out of data, else per feature (local_slots, send_splits, recv_splits, restore).
+// some rank is out of data, else per feature (local_slots, expand, send_splits, recv_splits, restore).
 py::object exchange_run(KeyExchange& ex, const std::vector<EmbeddingIndex*>& indexes, const py::list& keys,
                         const std::vector<int64_t>& send_counts, bool has_data) {
   const size_t nf = indexes.size();
@@ -78,8 +78,8 @@ py::object exchange_run(KeyExchange& ex, const std::vector<EmbeddingIndex*>& ind
   if (!ok) return py::none();
   py::list result;
   for (auto& o : out)
-    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.send_splits), to_numpy(o.recv_splits),
-                                 to_numpy(o.restore)));
+    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.expand), to_numpy(o.send_splits),
+                                 to_numpy(o.recv_splits), to_numpy(o.restore)));
   return std::move(result);
 }
 

@@ -1,14 +1,29 @@
-"""What every sparse optimizer shares: it takes IndexedSlices gradients of table variables, drops
-the sentinel row (ids with no row), and leaves the per-row update to TensorFlow's sparse kernels.
+"""What every sparse optimizer shares: it takes IndexedSlices gradients of table variables and
+leaves the per-row update to TensorFlow's sparse kernels.
 
-Duplicate rows in one gradient (the same key looked up by several features, or asked by several
-ranks) are summed by TensorFlow's ``_resource_apply_sparse_duplicate_indices`` before the update.
+The rows of one lookup are distinct (the key pipeline dedups them on the owner), so a gradient
+that comes from a single lookup goes straight to the update; one summed over several lookups of a
+table may repeat rows and goes through TensorFlow's dedup (unique + segment sum) first.
+
+The sentinel row (what ids with no row read) only ever gets zero gradients: padding rows are never
+gathered back into the batch, and serving defaults replace rows with tf.where. Every optimizer here
+maps a zero gradient on a zero row to a zero row, so the sentinel stays zero with no masking.
 """
 import tensorflow as tf
 
 from .. import config
-from ..table import EmbeddingTable, table_of_variable
+from ..table import EmbeddingTable, table_of_variable, tables_by_slot_tensor
 from ..validation import check_number
+
+
+def _comes_from_one_lookup(indices):
+    """True when `indices` are the distinct slots of one sparse_lookup (seen through the reshape
+    that the gather gradient adds)."""
+    tensor = indices
+    while tensor.op.type in ("Reshape", "Identity"):
+        tensor = tensor.op.inputs[0]
+    table = tables_by_slot_tensor().get(tensor.ref())
+    return table is not None
 
 
 def check_learning_rate(owner, learning_rate):
@@ -31,19 +46,21 @@ class SparseOptimizerMixin:
             if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"{type(self).__name__}: the gradient of table {table.table_name!r} is dense; "
                                 "take it with tf.gradients(loss, table_variables) from sparse_lookup outputs")
-            pairs.append((self._drop_sentinel(grad, table), table.variable))
+            pairs.append((self._scaled(grad, table), table.variable))
         if not pairs:
             raise ValueError(f"{type(self).__name__}: no gradient for any table")
         return pairs
 
     @staticmethod
-    def _drop_sentinel(grad, table):
-        indices = tf.cast(grad.indices, tf.int32)
-        keep = tf.not_equal(indices, table.sentinel)
-        values = tf.boolean_mask(grad.values, keep)
-        if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
-            values = values / float(config.get_rank_size())
-        return tf.IndexedSlices(values, tf.boolean_mask(indices, keep), grad.dense_shape)
+    def _scaled(grad, table):
+        if table.all2all_gradients_op != "sum_gradients_and_div_by_ranksize" or config.get_rank_size() == 1:
+            return grad
+        return tf.IndexedSlices(grad.values / float(config.get_rank_size()), grad.indices, grad.dense_shape)
+
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if _comes_from_one_lookup(indices):
+            return self._resource_apply_sparse(grad, handle, indices, **kwargs)
+        return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         return super().apply_gradients(self._table_pairs(grads_and_vars), global_step=global_step, name=name)

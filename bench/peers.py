@@ -1,0 +1,116 @@
+"""The same sparse step (lookup, forward, backward, sparse update) built by shardrec and by what
+a user would use instead. Each builder takes a tf.data dataset of {"ids": [B, F] int64,
+"rows": [B, F] int32 pre-mapped rows} and returns (train_op, setup(sess)).
+
+The model is the same everywhere: loss = mean over the batch of (sum of the looked-up rows)^2.
+"""
+import numpy as np
+import tensorflow as tf
+
+LR = 0.001
+
+
+def _loss(emb):
+    return tf.reduce_mean(tf.square(tf.reduce_sum(emb, axis=[1, 2])))
+
+
+def lazy_adam_update(var, m, v, indices, grad, step, lr=LR, b1=0.9, b2=0.999, eps=1e-8):
+    """Lazy Adam with scatter ops on unique `indices` (TensorFlow's v1 Adam is not lazy)."""
+    t = tf.cast(step, tf.float32)
+    lr_t = lr * tf.sqrt(1 - b2**t) / (1 - b1**t)
+    m_rows = b1 * tf.gather(m, indices) + (1 - b1) * grad
+    v_rows = b2 * tf.gather(v, indices) + (1 - b2) * tf.square(grad)
+    return tf.group(m.scatter_update(tf.IndexedSlices(m_rows, indices)),
+                    v.scatter_update(tf.IndexedSlices(v_rows, indices)),
+                    var.scatter_sub(tf.IndexedSlices(lr_t * m_rows / (tf.sqrt(v_rows) + eps), indices)))
+
+
+def _dense_rows_step(var, slots_var, rows_idx, optimizer, step):
+    """Shared by the two plain-TensorFlow peers: gather rows by index, update them lazily."""
+    unique, restore = tf.unique(tf.reshape(rows_idx, [-1]))
+    rows = tf.gather(var, unique)
+    emb = tf.reshape(tf.gather(rows, restore), tf.concat([tf.shape(rows_idx), [var.shape[1]]], 0))
+    grad = tf.convert_to_tensor(tf.gradients(_loss(emb), rows)[0])
+    if optimizer == "sgd":
+        return var.scatter_sub(tf.IndexedSlices(LR * grad, unique))
+    m, v = slots_var
+    return lazy_adam_update(var, m, v, unique, grad, step)
+
+
+def _variables(rows, dim, optimizer):
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1)
+    var = tf.compat.v1.get_variable("emb", [rows, dim], initializer=init, use_resource=True)
+    slots = None
+    if optimizer == "lazy_adam":
+        slots = [tf.compat.v1.get_variable(n, [rows, dim], initializer=tf.zeros_initializer(), use_resource=True)
+                 for n in ("m", "v")]
+    return var, slots
+
+
+def tf_premapped(dataset, dim, optimizer, capacity):
+    """TensorFlow's best case: ids already mapped to [0, V) outside the graph, no hashing at all."""
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    var, slots = _variables(capacity, dim, optimizer)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.control_dependencies([step.assign_add(1)]):
+        op = _dense_rows_step(var, slots, batch["rows"], optimizer, step)
+    return op, lambda sess: None
+
+
+def tf_hash_table(dataset, dim, optimizer, capacity):
+    """The porting baseline (seed 003): a DenseHashTable from key to row of a tf.Variable,
+    inserting unseen keys at the next free row."""
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=-1,
+                                                  empty_key=-(2**63), deleted_key=-(2**63) + 1)
+    next_row = tf.compat.v1.get_variable("next_row", [], tf.int64, tf.zeros_initializer(), use_resource=True)
+    ids = tf.reshape(batch["ids"], [-1])
+    unique_ids, _ = tf.unique(ids)
+    found = table.lookup(unique_ids)
+    new_ids = tf.boolean_mask(unique_ids, found < 0)
+    first = next_row.assign_add(tf.cast(tf.size(new_ids), tf.int64)) - tf.cast(tf.size(new_ids), tf.int64)
+    insert = table.insert(new_ids, first + tf.range(tf.cast(tf.size(new_ids), tf.int64)))
+    with tf.control_dependencies([insert]):
+        rows_idx = tf.reshape(tf.cast(table.lookup(ids), tf.int32), tf.shape(batch["ids"]))
+    var, slots = _variables(capacity, dim, optimizer)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.control_dependencies([step.assign_add(1)]):
+        op = _dense_rows_step(var, slots, rows_idx, optimizer, step)
+    return op, lambda sess: None
+
+
+def tfra(dataset, dim, optimizer, capacity):
+    """TensorFlow Recommenders-Addons: dynamic_embedding with its optimizer wrapper."""
+    import tensorflow_recommenders_addons as tfra_lib
+
+    de = tfra_lib.dynamic_embedding
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    params = de.get_variable("tfra_emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
+                             initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1))
+    emb = de.embedding_lookup(params, batch["ids"], name="tfra_lookup")
+    base = (tf.compat.v1.train.GradientDescentOptimizer(LR) if optimizer == "sgd"
+            else tf.compat.v1.train.AdamOptimizer(LR))
+    opt = de.DynamicEmbeddingOptimizer(base)
+    return opt.minimize(_loss(emb)), lambda sess: None
+
+
+def shardrec(dataset, dim, optimizer, capacity):
+    """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer."""
+    from mx_rec.optimizers import gradient_descent, lazy_adam
+    from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+                              sparse_lookup, start_asc_pipeline)
+
+    spec = FeatureSpec("ids", table_name="emb")
+    dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(4)
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    table = create_table(tf.int64, dim, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
+                         device_vocabulary_size=capacity)
+    emb = sparse_lookup(table, spec, batch=batch)
+    _, sparse = get_dense_and_sparse_variable()
+    opt = (gradient_descent.create_hash_optimizer(LR) if optimizer == "sgd"
+           else lazy_adam.create_hash_optimizer(LR))
+    op = opt.apply_gradients(zip(tf.gradients(_loss(emb), sparse), sparse))
+    return op, lambda sess: start_asc_pipeline()
+
+
+PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped, "tfra": tfra}

@@ -1,0 +1,65 @@
+"""Sparse step throughput: ids/s of lookup + forward + backward + update, one peer per process.
+
+    python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40]
+    mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
+
+Prints one JSON line: {"peer", "dim", "optimizer", "ranks", "ids_per_s" (median of windows), ...}.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
+import workload  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--peer", choices=sorted(peers.PEERS), required=True)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--optimizer", choices=["sgd", "lazy_adam"], default="lazy_adam")
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--fields", type=int, default=26)
+    p.add_argument("--distinct", type=int, default=10_000_000)
+    p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
+    p.add_argument("--steps", type=int, default=60, help="timed steps")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--windows", type=int, default=5)
+    args = p.parse_args(argv)
+    tf.compat.v1.disable_eager_execution()
+
+    rank, size = 0, 1
+    if args.peer == "shardrec":
+        from rank_runtime import get_rank_id, get_rank_size, init
+
+        init()
+        rank, size = get_rank_id(), get_rank_size()
+    keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
+    dataset = tf.data.Dataset.from_tensor_slices({"ids": keys, "rows": rows}).repeat()
+    capacity = int(seen * 1.05) + 16
+    op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        setup(sess)
+        for _ in range(args.warmup):
+            sess.run(op)
+        per_window = max(1, args.steps // args.windows)
+        rates = []
+        for _ in range(args.windows):
+            start = time.perf_counter()
+            for _ in range(per_window):
+                sess.run(op)
+            rates.append(per_window * args.batch * args.fields * size / (time.perf_counter() - start))
+    if rank == 0:
+        print(json.dumps({"peer": args.peer, "dim": args.dim, "optimizer": args.optimizer, "ranks": size,
+                          "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
