@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test
+.PHONY: setup demo test bench bench-short
 setup:
 	@bash scripts/bootstrap.sh
 
@@ -16,3 +16,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+# The benchmark's own peer (not needed by the tests): TFRA 0.7.2 is the last release for TF 2.15.
+bench-setup: setup
+	@$(PY) -c "import tensorflow_recommenders_addons" 2>/dev/null || \
+	  $(PY) -m pip install -q --no-deps tensorflow-recommenders-addons==0.7.2
+
+bench: bench-setup
+	$(PY) bench/run.py $(ARGS)
+
+bench-short: bench-setup
+	$(PY) bench/run.py --short $(ARGS)

@@ -42,7 +42,8 @@ def main(argv=None):
         rank, size = get_rank_id(), get_rank_size()
     keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
     dataset = tf.data.Dataset.from_tensor_slices({"ids": keys, "rows": rows}).repeat()
-    capacity = int(seen * 1.05) + 16
+    # A global vocabulary: the ranks draw different batches, so their key sets differ.
+    capacity = int(seen * size * 1.05) + 16
     op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity)
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())

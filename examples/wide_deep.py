@@ -28,6 +28,7 @@ from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 from rank_runtime.logs import get_logger  # noqa: E402
+from rank_runtime.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
 DEEP_DIM = 16
@@ -162,12 +163,15 @@ def main(argv=None):
                 log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
                 window_start, window_steps = time.time(), 0
         train_seconds = time.time() - start
+        exchange = get_world().exchanges["train"].counters()
         path = saver.save(sess, ckpt_prefix, global_step=step)
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)
     summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
-               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} tables (this rank/all ranks): {sizes} saved={path}")
+               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} "
+               f"key_exchange_s={exchange['seconds_total']:.2f} key_collectives_s={exchange['seconds_in_collectives']:.2f} "
+               f"train_s={train_seconds:.2f} tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)
     terminate_config_initializer()
     return auc

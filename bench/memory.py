@@ -1,0 +1,60 @@
+"""Resident bytes per stored key: a dim-16 table with lazy Adam slots after training on batches
+that insert N distinct keys. One peer per process; prints one JSON line.
+
+    python bench/memory.py --peer shardrec --keys 5000000
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import psutil
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
+import workload  # noqa: E402
+
+DIM = 16
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--peer", choices=["shardrec", "tfra"], required=True)
+    p.add_argument("--keys", type=int, default=5_000_000)
+    p.add_argument("--batch", type=int, default=50_000)
+    args = p.parse_args(argv)
+    tf.compat.v1.disable_eager_execution()
+    if args.peer == "shardrec":
+        from rank_runtime import init
+
+        init()
+    steps = args.keys // args.batch
+
+    def batch_of_new_keys(i):
+        # Made in the graph, so the measurement holds no table of keys of its own.
+        ranks = i * args.batch + tf.range(args.batch, dtype=tf.int64)
+        ids = tf.math.floormod(ranks * 0x9E3779B97F, workload.KEY_RANGE)[:, None]
+        return {"ids": ids, "rows": tf.zeros([args.batch, 1], tf.int32)}
+
+    dataset = tf.data.Dataset.range(steps).map(batch_of_new_keys)
+    op, setup = peers.PEERS[args.peer](dataset, DIM, "lazy_adam", args.keys)
+    proc = psutil.Process()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.constant(0))  # the runtime's own start-up memory is not the table's
+        before = proc.memory_info().rss
+        sess.run(tf.compat.v1.global_variables_initializer())
+        setup(sess)
+        for _ in range(steps):
+            sess.run(op)
+        after = proc.memory_info().rss
+    stored = steps * args.batch
+    payload = DIM * 4 * 3  # values + Adam's m and v
+    print(json.dumps({"peer": args.peer, "keys": args.keys, "bytes_per_key": (after - before) / stored,
+                      "payload_bytes_per_key": payload, "note": "RSS growth from before the variables exist to after all keys are stored"}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

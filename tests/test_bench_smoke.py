@@ -1,0 +1,28 @@
+"""The benchmark's short mode runs and its JSON has every row (no timing is asserted)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_short_benchmark_writes_every_row(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    seen = {(r["workload"], r.get("ranks"), r["peer"]) for r in report["rows"]}
+    expected = {("sparse_step", 1, "tf_premapped"), ("sparse_step", 1, "tf_hash_table"), ("sparse_step", 1, "tfra"),
+                ("sparse_step", 2, "shardrec 1 rank"), ("end_to_end", 2, "shardrec 1 rank"),
+                ("memory", None, "payload (values + Adam slots)"), ("memory", None, "tfra"),
+                ("checkpoint_save", None, "disk sequential write+fsync"),
+                ("checkpoint_restore", None, "disk sequential read")}
+    assert expected <= seen, expected - seen
+    for row in report["rows"]:
+        if row["workload"] in ("sparse_step", "end_to_end") and row["peer"] != "tfra":
+            assert row["shardrec"] > 0 and row["peer_value"] > 0, row
+    assert report["machine"]["cores"] >= 1 and report["command"].startswith("bench/run.py")
+    assert "| sparse_step |" in proc.stdout
