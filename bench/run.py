@@ -183,12 +183,12 @@ def table(rows):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--short", action="store_true", help="a quick check (under 3 minutes)")
-    p.add_argument("--repeats", type=int, default=None, help="runs per figure (default 1 short, 3 full)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per figure (default 1 short, 2 full)")
     p.add_argument("--out", default=os.path.join(HERE, "results.json"))
     args = p.parse_args(argv)
-    repeats = args.repeats or (1 if args.short else 3)
+    repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + end_to_end(args.short, 1 if args.short else 2) + memory(args.short) + \
+    rows = sparse_step(args.short, repeats) + end_to_end(args.short, 1) + memory(args.short) + \
         checkpoint(args.short)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "mode": "short" if args.short else "full", "repeats": repeats, "seconds": round(time.time() - started),

@@ -28,9 +28,9 @@ def main(argv=None):
     p.add_argument("--fields", type=int, default=26)
     p.add_argument("--distinct", type=int, default=10_000_000)
     p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
-    p.add_argument("--steps", type=int, default=60, help="timed steps")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--windows", type=int, default=5)
+    p.add_argument("--steps", type=int, default=32, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--windows", type=int, default=4)
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
 

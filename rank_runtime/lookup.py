@@ -27,8 +27,9 @@ def _rows_to_requesters(rows, recv_splits, dim, static_rows):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner."""
     import horovod.tensorflow as hvd
 
-    name = tf.compat.v1.get_default_graph().unique_name("shardrec_row_alltoall", mark_as_used=False)
-    back, _ = hvd.alltoall(rows, splits=recv_splits, name=name.replace("/", "_"))
+    # Horovod matches the collectives of the ranks by op name; the graph, built alike on every
+    # rank, gives each lookup's all-to-all the same unique name everywhere.
+    back, _ = hvd.alltoall(rows, splits=recv_splits)
     back.set_shape([static_rows, dim])
     return back
 

@@ -178,8 +178,8 @@ def table_of_variable(variable):
     return None
 
 
-def tables_by_slot_tensor():
-    """Slot tensor (as a ref) -> table, over every lookup built so far."""
+def distinct_slot_refs():
+    """The slot tensors (as refs) of every lookup built so far."""
     if not config.is_initialized():
-        return {}
-    return {ref: table for table in config.get_config().tables.values() for ref in table.distinct_slot_tensors}
+        return set()
+    return set().union(*(table.distinct_slot_tensors for table in config.get_config().tables.values()))

@@ -12,7 +12,7 @@ maps a zero gradient on a zero row to a zero row, so the sentinel stays zero wit
 import tensorflow as tf
 
 from .. import config
-from ..table import EmbeddingTable, table_of_variable, tables_by_slot_tensor
+from ..table import SPARSE_TABLES_COLLECTION, EmbeddingTable, distinct_slot_refs, table_of_variable
 from ..validation import check_number
 
 
@@ -22,8 +22,7 @@ def _comes_from_one_lookup(indices):
     tensor = indices
     while tensor.op.type in ("Reshape", "Identity"):
         tensor = tensor.op.inputs[0]
-    table = tables_by_slot_tensor().get(tensor.ref())
-    return table is not None
+    return tensor.ref() in distinct_slot_refs()
 
 
 def check_learning_rate(owner, learning_rate):
@@ -67,6 +66,6 @@ class SparseOptimizerMixin:
 
     def compute_gradients(self, loss, var_list=None, **kwargs):
         if var_list is None:
-            var_list = tf.compat.v1.get_collection("SHARDREC_SPARSE_TABLES")
+            var_list = tf.compat.v1.get_collection(SPARSE_TABLES_COLLECTION)
         var_list = [v.variable if isinstance(v, EmbeddingTable) else v for v in var_list]
         return super().compute_gradients(loss, var_list=var_list, **kwargs)
