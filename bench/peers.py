@@ -94,6 +94,33 @@ def tfra(dataset, dim, optimizer, capacity):
     return opt.minimize(_loss(emb)), lambda sess: None
 
 
+def tfra_horovod(dataset, dim, optimizer, capacity):
+    """TFRA sharded over Horovod ranks the way its Horovod all-to-all embedding layer does it: dedup,
+    send each id to rank id mod N, look up there, send the rows back. One rank per process."""
+    import horovod.tensorflow as hvd
+    import tensorflow_recommenders_addons as tfra_lib
+
+    de = tfra_lib.dynamic_embedding
+    size = hvd.size()
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    ids = tf.reshape(batch["ids"], [-1])
+    unique, restore = tf.unique(ids)
+    owner = tf.cast(tf.math.floormod(unique, size), tf.int32)
+    order = tf.argsort(owner, stable=True)
+    send_ids = tf.gather(unique, order)
+    splits = tf.math.bincount(owner, minlength=size, maxlength=size)
+    recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits)
+    params = de.get_variable("tfra_emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
+                             initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1))
+    local = de.embedding_lookup(params, recv_ids, name="tfra_lookup")
+    back, _ = hvd.alltoall(local, splits=recv_splits)
+    rows = tf.scatter_nd(order[:, None], back, tf.stack([tf.size(unique), dim]))
+    emb = tf.reshape(tf.gather(rows, restore), tf.concat([tf.shape(batch["ids"]), [dim]], 0))
+    base = (tf.compat.v1.train.GradientDescentOptimizer(LR) if optimizer == "sgd"
+            else tf.compat.v1.train.AdamOptimizer(LR))
+    return de.DynamicEmbeddingOptimizer(base).minimize(_loss(emb)), lambda sess: None
+
+
 def shardrec(dataset, dim, optimizer, capacity):
     """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer."""
     from mx_rec.optimizers import gradient_descent, lazy_adam
@@ -113,4 +140,5 @@ def shardrec(dataset, dim, optimizer, capacity):
     return op, lambda sess: start_asc_pipeline()
 
 
-PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped, "tfra": tfra}
+PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped, "tfra": tfra,
+         "tfra_horovod": tfra_horovod}

@@ -32,10 +32,16 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+# What shardrec's init() gives ranks that share the cores, given to every multi-rank peer alike.
+SHARED_CORES = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "HOROVOD_CYCLE_TIME": "0.2"}
+
+
 def run(cmd, ranks=1, timeout=900):
+    env = ENV
     if ranks > 1:
         cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+        env = dict(ENV, **SHARED_CORES)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -46,7 +52,7 @@ def json_line(stdout):
 
 
 def peer_available(peer):
-    if peer != "tfra":
+    if not peer.startswith("tfra"):
         return True
     try:
         import importlib.util
@@ -73,18 +79,30 @@ def sparse_step(short, repeats):
                     out = json_line(run([sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
                                          "--optimizer", opt] + size))
                     samples.setdefault(peer, []).append(out["ids_per_s"])
-            log(f"sparse step: shardrec dim {dim} {opt} on 2 ranks")
-            two = [json_line(run([sys.executable, "bench/sparse_step.py", "--peer", "shardrec", "--dim", str(dim),
-                                  "--optimizer", opt] + size, ranks=2))["ids_per_s"] for _ in range(repeats)]
+            two = {}
+            for _ in range(repeats):
+                for peer in ("shardrec", "tfra_horovod"):
+                    if not peer_available(peer):
+                        continue
+                    log(f"sparse step: {peer} dim {dim} {opt} on 2 ranks")
+                    two.setdefault(peer, []).append(json_line(run(
+                        [sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
+                         "--optimizer", opt] + size, ranks=2))["ids_per_s"])
             ours = statistics.median(samples["shardrec"])
             for peer in ("tf_premapped", "tf_hash_table", "tfra"):
                 rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 1, "peer": peer,
                              "unit": "ids/s", "shardrec": ours,
                              "peer_value": statistics.median(samples[peer]) if peer in samples else None,
                              "note": "" if peer in samples else "peer not installed (make bench installs it)"})
+            ours_two = statistics.median(two["shardrec"])
             rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 2,
-                         "peer": "shardrec 1 rank", "unit": "ids/s (aggregate)", "shardrec": statistics.median(two),
+                         "peer": "shardrec 1 rank", "unit": "ids/s (aggregate)", "shardrec": ours_two,
                          "peer_value": ours, "note": "2 ranks on the same cores against 1 rank"})
+            rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 2, "peer": "tfra_horovod",
+                         "unit": "ids/s (aggregate)", "shardrec": ours_two,
+                         "peer_value": statistics.median(two["tfra_horovod"]) if "tfra_horovod" in two else None,
+                         "note": "TFRA sharded with Horovod all-to-all" if "tfra_horovod" in two
+                         else "peer not installed (make bench installs it)"})
     return rows
 
 

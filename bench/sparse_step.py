@@ -40,6 +40,11 @@ def main(argv=None):
 
         init()
         rank, size = get_rank_id(), get_rank_size()
+    elif args.peer == "tfra_horovod":
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
     keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
     dataset = tf.data.Dataset.from_tensor_slices({"ids": keys, "rows": rows}).repeat()
     # A global vocabulary: the ranks draw different batches, so their key sets differ.

@@ -16,13 +16,14 @@ def test_short_benchmark_writes_every_row(tmp_path):
     report = json.loads(out.read_text())
     seen = {(r["workload"], r.get("ranks"), r["peer"]) for r in report["rows"]}
     expected = {("sparse_step", 1, "tf_premapped"), ("sparse_step", 1, "tf_hash_table"), ("sparse_step", 1, "tfra"),
-                ("sparse_step", 2, "shardrec 1 rank"), ("end_to_end", 2, "shardrec 1 rank"),
+                ("sparse_step", 2, "shardrec 1 rank"), ("sparse_step", 2, "tfra_horovod"),
+                ("end_to_end", 2, "shardrec 1 rank"),
                 ("memory", None, "payload (values + Adam slots)"), ("memory", None, "tfra"),
                 ("checkpoint_save", None, "disk sequential write+fsync"),
                 ("checkpoint_restore", None, "disk sequential read")}
     assert expected <= seen, expected - seen
     for row in report["rows"]:
-        if row["workload"] in ("sparse_step", "end_to_end") and row["peer"] != "tfra":
+        if row["workload"] in ("sparse_step", "end_to_end") and not row["peer"].startswith("tfra"):
             assert row["shardrec"] > 0 and row["peer_value"] > 0, row
     assert report["machine"]["cores"] >= 1 and report["command"].startswith("bench/run.py")
     assert "| sparse_step |" in proc.stdout
