@@ -80,8 +80,10 @@ class EmbeddingTable:
 
     def counters(self):
         """This rank's counters: keys held and capacity, keys sent to owners and received as owner
-        (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased."""
-        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity())
+        (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased, and
+        the bytes of the key index."""
+        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity(),
+                 index_bytes=self.index.memory_bytes())
         c["key_bytes_sent"] = 8 * c["keys_sent"]
         c["key_bytes_received"] = 8 * c["keys_received"]
         c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]

@@ -50,6 +50,9 @@ def test_rows_follow_first_seen_order_across_tables_and_features(graph, key_dtyp
     np.testing.assert_array_equal(got_item, np.repeat(_expected(item, rank_shared)[..., None], 3, -1))
     np.testing.assert_array_equal(got_other, np.repeat(_expected(other, rank_second)[..., None], 2, -1))
     assert shared.size() == len(rank_shared) and second.size() == len(rank_second)
+    counters = shared.counters()
+    assert counters["size"] == len(rank_shared) and counters["keys_received"] == counters["keys_sent"] > 0
+    assert counters["index_bytes"] >= 12 * len(rank_shared)
     assert shared.capacity() == 200
     keys, _ = shared.index.export()
     assert sorted(keys.tolist()) == sorted(rank_shared)

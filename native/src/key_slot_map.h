@@ -76,11 +76,6 @@ class KeySlotMap {
     return slot;
   }
 
-  void clear() {
-    std::fill(slots_.begin(), slots_.end(), kEmpty);
-    size_ = 0;
-  }
-
   template <typename F>
   void for_each(F&& f) const {
     for (size_t i = 0; i < slots_.size(); ++i)
