@@ -2,7 +2,7 @@
 import atexit
 from dataclasses import dataclass, field
 
-from .logs import get_logger, set_rank
+from .logs import get_logger
 from .validation import INT32_MAX, check_bool, check_int
 from .world import get_world
 
@@ -65,7 +65,6 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
                                   "implement dynamic capacity expansion yet")
     world = get_world()
     rank, size, local_rank = world.rank, world.size, world.local_rank
-    set_rank(rank, size)
     if bind_cpu:
         _bind_to_cores(local_rank, world.local_size)
     _config = RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion,

@@ -82,7 +82,6 @@ class InsertFunction:
 
     def __init__(self, specs, is_training):
         self.specs = specs
-        self.is_training = is_training
         self.channel = "train" if is_training else "eval"
         self._processor = _BatchKeyProcessor(specs, self.channel)
 
