@@ -62,6 +62,12 @@ def peer_available(peer):
         return False
 
 
+def fewer_steps(peer, dim, short):
+    """TFRA's dim-128 steps take 0.3-0.6 s each here: half the timed steps keep `make bench` under
+    20 minutes; 4 windows of 4 steps still give a median."""
+    return ["--steps", "16", "--warmup", "3"] if peer.startswith("tfra") and dim == 128 and not short else []
+
+
 def sparse_step(short, repeats):
     rows = []
     dims = [16] if short else [16, 128]
@@ -77,7 +83,7 @@ def sparse_step(short, repeats):
                         continue
                     log(f"sparse step: {peer} dim {dim} {opt}")
                     out = json_line(run([sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
-                                         "--optimizer", opt] + size))
+                                         "--optimizer", opt] + size + fewer_steps(peer, dim, short)))
                     samples.setdefault(peer, []).append(out["ids_per_s"])
             two = {}
             for _ in range(repeats):
@@ -87,7 +93,7 @@ def sparse_step(short, repeats):
                     log(f"sparse step: {peer} dim {dim} {opt} on 2 ranks")
                     two.setdefault(peer, []).append(json_line(run(
                         [sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
-                         "--optimizer", opt] + size, ranks=2))["ids_per_s"])
+                         "--optimizer", opt] + size + fewer_steps(peer, dim, short), ranks=2))["ids_per_s"])
             ours = statistics.median(samples["shardrec"])
             for peer in ("tf_premapped", "tf_hash_table", "tfra"):
                 rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 1, "peer": peer,
@@ -108,24 +114,28 @@ def sparse_step(short, repeats):
 
 def end_to_end(short, repeats):
     rows = []
-    steps = "150" if short else "500"
+    steps, traced = ("150", "10") if short else ("500", "30")
     results = {}
     for ranks in (1, 2):
-        values, fractions = [], []
+        values, fractions, shares = [], [], []
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as model_dir:
                 log(f"end to end: Wide&Deep on {ranks} rank(s)")
                 out = run([sys.executable, "examples/wide_deep.py", "--steps", steps, "--eval-samples", "4096",
-                           "--model-dir", model_dir], ranks=ranks)
+                           "--model-dir", model_dir, "--trace-steps", traced], ranks=ranks)
             m = re.search(r"samples_per_s=(\d+) key_exchange_s=([0-9.]+) key_collectives_s=([0-9.]+) train_s=([0-9.]+)",
                           out)
             values.append(float(m.group(1)))
             fractions.append(float(m.group(2)) / float(m.group(4)))
-        results[ranks] = (statistics.median(values), statistics.median(fractions))
+            shares.append(float(re.search(r"row_exchange_share=([0-9.]+)", out).group(1)))
+        results[ranks] = (statistics.median(values), statistics.median(fractions), statistics.median(shares))
     rows.append({"workload": "end_to_end", "ranks": 2, "peer": "shardrec 1 rank", "unit": "samples/s",
                  "shardrec": results[2][0], "peer_value": results[1][0],
                  "note": f"key exchange (pipeline thread) {100 * results[2][1]:.0f}% of train time at 2 ranks, "
-                         f"{100 * results[1][1]:.0f}% at 1"})
+                         f"{100 * results[1][1]:.0f}% at 1; row all-to-all in flight {100 * results[2][2]:.0f}% of "
+                         f"step time at 2 ranks, {100 * results[1][2]:.0f}% at 1 (traced steps, waits included)",
+                 "key_exchange_share": {r: results[r][1] for r in results},
+                 "row_exchange_share": {r: results[r][2] for r in results}})
     return rows
 
 

@@ -28,6 +28,7 @@ from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 from rank_runtime.logs import get_logger  # noqa: E402
+from rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
 from rank_runtime.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
@@ -43,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--static-shapes", action="store_true", help="init(use_dynamic=False) with send_count")
     p.add_argument("--model-dir", default="saved-model", help="where the Saver writes")
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--trace-steps", type=int, default=0,
+                   help="trace the last N steps to report the row all-to-all's share of step time "
+                        "(traced steps are left out of samples/s)")
     return p.parse_args(argv)
 
 
@@ -149,9 +153,17 @@ def main(argv=None):
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(hvd.broadcast_variables(dense_variables, root_rank=0))
         window_start, window_steps, losses, step = time.time(), 0, [], 0
+        timed_steps, train_seconds, exchange, shares = args.steps - args.trace_steps, None, None, []
         for step in range(1, args.steps + 1):
+            if step == timed_steps + 1:
+                train_seconds, exchange = time.time() - start, get_world().exchanges["train"].counters()
             try:
-                _, loss = sess.run([train_op, train_loss])
+                if step > timed_steps:
+                    metadata = tf.compat.v1.RunMetadata()
+                    _, loss = sess.run([train_op, train_loss], options=traced_run_options(), run_metadata=metadata)
+                    shares.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
+                else:
+                    _, loss = sess.run([train_op, train_loss])
             except tf.errors.OutOfRangeError:
                 log.info("end of training data at step %d", step)
                 step -= 1
@@ -162,16 +174,18 @@ def main(argv=None):
                 rate = window_steps * args.batch_size * size / (time.time() - window_start)
                 log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
                 window_start, window_steps = time.time(), 0
-        train_seconds = time.time() - start
-        exchange = get_world().exchanges["train"].counters()
+        timed_steps = min(step, timed_steps)
+        if train_seconds is None:
+            train_seconds, exchange = time.time() - start, get_world().exchanges["train"].counters()
         path = saver.save(sess, ckpt_prefix, global_step=step)
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)
     summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
-               f"samples_per_s={step * args.batch_size * size / train_seconds:.0f} "
+               f"samples_per_s={timed_steps * args.batch_size * size / train_seconds:.0f} "
                f"key_exchange_s={exchange['seconds_total']:.2f} key_collectives_s={exchange['seconds_in_collectives']:.2f} "
-               f"train_s={train_seconds:.2f} tables (this rank/all ranks): {sizes} saved={path}")
+               f"train_s={train_seconds:.2f} row_exchange_share={np.median(shares) if shares else float('nan'):.3f} "
+               f"tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)
     terminate_config_initializer()
     return auc

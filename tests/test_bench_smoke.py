@@ -25,5 +25,9 @@ def test_short_benchmark_writes_every_row(tmp_path):
     for row in report["rows"]:
         if row["workload"] in ("sparse_step", "end_to_end") and not row["peer"].startswith("tfra"):
             assert row["shardrec"] > 0 and row["peer_value"] > 0, row
+    e2e = next(r for r in report["rows"] if r["workload"] == "end_to_end")
+    for ranks in ("1", "2"):
+        assert 0 <= e2e["key_exchange_share"][ranks] < 1 and 0 <= e2e["row_exchange_share"][ranks] < 1, e2e
+    assert e2e["row_exchange_share"]["2"] > 0, "2 ranks exchange rows in every step"
     assert report["machine"]["cores"] >= 1 and report["command"].startswith("bench/run.py")
     assert "| sparse_step |" in proc.stdout
