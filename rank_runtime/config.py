@@ -1,6 +1,15 @@
-"""Process-wide runtime state: what ``init`` was given, the rank layout, and the table registry."""
+"""Process-wide runtime state: what ``init`` was given, the rank layout, and, per TensorFlow graph,
+the tables and the key pipeline's state.
+
+Tables belong to the graph they were created in: an Estimator builds a new graph for every
+train / evaluate / predict call and creates its tables again inside model_fn; each graph's tables
+get their own key index, filled from the checkpoint the Estimator restores.
+"""
 import atexit
+import weakref
 from dataclasses import dataclass, field
+
+import tensorflow as tf
 
 from .logs import get_logger
 from .validation import INT32_MAX, check_bool, check_int
@@ -22,8 +31,29 @@ class RuntimeConfig:
     rank: int
     size: int
     local_rank: int
+    graphs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+    def graph_state(self, graph=None):
+        """The tables and pipeline state of `graph` (default: the current default graph)."""
+        graph = graph or tf.compat.v1.get_default_graph()
+        if graph not in self.graphs:
+            self.graphs[graph] = GraphState()
+        return self.graphs[graph]
+
+    @property
+    def tables(self):
+        """Tables of the current default graph, by name."""
+        return self.graph_state().tables
+
+
+@dataclass
+class GraphState:
     tables: dict = field(default_factory=dict)
     pipeline_started: bool = False
+    # modify_graph=True lookups waiting for modify_graph_and_start_emb_cache (graph_modifier.py).
+    pending_lookups: list = field(default_factory=list)
+    # is_training -> the iterator initializers that graph modification made.
+    initializers: dict = field(default_factory=dict)
 
 
 _config = None
@@ -108,9 +138,9 @@ def get_use_dynamic_expansion():
     return get_config().use_dynamic_expansion
 
 
-def get_table(name):
-    tables = get_config().tables
+def get_table(name, graph=None):
+    tables = get_config().graph_state(graph).tables
     if name not in tables:
         known = ", ".join(sorted(tables)) or "none"
-        raise KeyError(f"no table named {name!r}; tables created so far: {known}")
+        raise KeyError(f"no table named {name!r} in this graph; tables created in it so far: {known}")
     return tables[name]

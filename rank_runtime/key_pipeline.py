@@ -14,6 +14,7 @@ and every rank's dataset ends at that same batch. The map runs sequentially (no
 num_parallel_calls): rows are allocated in batch order and the collectives of all ranks match.
 """
 import functools
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -38,17 +39,21 @@ def pipeline_key(feature_name, field):
 class _BatchKeyProcessor:
     """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
 
-    def __init__(self, specs, channel):
+    def __init__(self, specs, channel, graph):
         self.specs = specs
         self.channel = channel
+        # The graph the dataset was built in: the tables are looked up there when the first batch
+        # runs (seed 001 builds the dataset before it creates the tables).
+        self.graph = weakref.ref(graph)
         self.batches = 0
 
     def __call__(self, is_end, *key_arrays):
         cfg = config.get_config()
-        if not cfg.pipeline_started:
+        graph = self.graph()
+        if graph is None or not cfg.graph_state(graph).pipeline_started:
             raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
-        tables = [config.get_table(spec.table_name) for spec in self.specs]
+        tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
         send_counts = [0 if cfg.use_dynamic else t.send_counts[s.name] for t, s in zip(tables, self.specs)]
         exchange = get_world().exchanges[self.channel]
         result = exchange.run([t.index for t in tables], list(key_arrays), send_counts, not bool(is_end))
@@ -83,7 +88,7 @@ class InsertFunction:
     def __init__(self, specs, is_training):
         self.specs = specs
         self.channel = "train" if is_training else "eval"
-        self._processor = _BatchKeyProcessor(specs, self.channel)
+        self._processor = _BatchKeyProcessor(specs, self.channel, tf.compat.v1.get_default_graph())
 
     def __call__(self, batch):
         raise TypeError("the function from get_asc_insert_func must be applied with dataset.map(insert_fn)")
@@ -180,9 +185,10 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
 def start_asc_pipeline():
     """Freezes the table configuration and lets the datasets' key processing run."""
     cfg = config.get_config()
+    state = cfg.graph_state()
     if not cfg.use_dynamic:
-        for table in cfg.tables.values():
+        for table in state.tables.values():
             if table.lookup_count and not table.send_counts:
                 raise RuntimeError(f"table {table.table_name!r}: static shapes need a send_count from sparse_lookup")
-    cfg.pipeline_started = True
-    log.info("key pipeline started for %d table(s)", len(cfg.tables))
+    state.pipeline_started = True
+    log.info("key pipeline started for %d table(s)", len(state.tables))

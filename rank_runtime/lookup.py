@@ -3,6 +3,7 @@ import tensorflow as tf
 
 from . import config
 from .feature_spec import FeatureSpec
+from .graph_modifier import pending_lookup
 from .key_pipeline import pipeline_key
 from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
@@ -39,6 +40,10 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
     cfg = config.get_config()
     check_type(_OWNER, "hashtable", hashtable, EmbeddingTable, "a table from create_table")
+    if hashtable.graph is not tf.compat.v1.get_default_graph():
+        raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} was created in another TensorFlow graph; "
+                         "create tables in the graph that looks them up (in Estimator mode: call create_table "
+                         "inside model_fn, which runs in the Estimator's own graph)")
     check_bool(_OWNER, "modify_graph", modify_graph)
     check_bool(_OWNER, "is_train", is_train)
     check_bool(_OWNER, "is_grad", is_grad)
@@ -65,21 +70,21 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
                              "in FeatureSpec mode set access_threshold / eviction_threshold on the FeatureSpec")
     if kwargs:
         raise TypeError(f"{_OWNER}: unknown parameter(s) {sorted(kwargs)}")
-    if modify_graph:
-        raise NotImplementedError(f"{_OWNER}: modify_graph=True is not available yet: shardrec does not implement "
-                                  "automatic graph modification yet; use FeatureSpec mode")
-    check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
-    if ids.table_name != hashtable.table_name:
-        raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
-                         f"not to {hashtable.table_name!r}")
-    _check_batch(ids, batch)
     if hashtable.lookup_count >= MAX_LOOKUPS_PER_TABLE:
         raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} is already looked up "
                          f"{MAX_LOOKUPS_PER_TABLE} times; allowed: at most {MAX_LOOKUPS_PER_TABLE} lookups per table")
-    if cfg.pipeline_started:
+    if cfg.graph_state().pipeline_started:
         raise RuntimeError(f"{_OWNER}: the key pipeline is already started; build every lookup before "
                            "start_asc_pipeline()")
 
+    if modify_graph:
+        ids, batch = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
+    else:
+        check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
+        if ids.table_name != hashtable.table_name:
+            raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
+                             f"not to {hashtable.table_name!r}")
+        _check_batch(ids, batch)
     hashtable.lookup_count += 1
     if send_count is not None:
         hashtable.send_counts[ids.name] = send_count

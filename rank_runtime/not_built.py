@@ -25,15 +25,6 @@ class NotBuiltClass:
         )
 
 
-# Graph modification (seeds 000 and 002).
-modify_graph_and_start_emb_cache = not_built("modify_graph_and_start_emb_cache", "automatic graph modification")
-get_initializer = not_built("get_initializer", "automatic graph modification")
-
-
-class GraphModifierHook(NotBuiltClass):
-    capability = "automatic graph modification"
-
-
 # Feature admission and eviction (seed 002).
 class EvictHook(NotBuiltClass):
     capability = "feature admission and eviction"

@@ -42,6 +42,7 @@ class EmbeddingTable:
         self.send_counts = {}
         # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
         self.distinct_slot_tensors = set()
+        self.graph = tf.compat.v1.get_default_graph()
         self.variable = self._make_variable(emb_initializer, capacity)
 
     def _make_variable(self, emb_initializer, capacity):

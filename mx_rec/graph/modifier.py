@@ -1,3 +1,4 @@
-from rank_runtime.not_built import GraphModifierHook, modify_graph_and_start_emb_cache
+from rank_runtime.graph_modifier import modify_graph_and_start_emb_cache
+from rank_runtime.hooks import GraphModifierHook
 
 __all__ = ["GraphModifierHook", "modify_graph_and_start_emb_cache"]
