@@ -19,11 +19,12 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         state = config.get_config().graph_state()
-        if self._modify_graph:
+        if self._modify_graph and (state.pending_lookups or not state.initializers):
             modify_graph_and_start_emb_cache(dump_graph=self._dump_graph)
-            self._initializers = list(state.initializers.values())
         elif not state.pipeline_started:
             start_asc_pipeline()
+        # Another GraphModifierHook of the same call may have modified the graph already.
+        self._initializers = list(state.initializers.values())
 
     def after_create_session(self, session, coord):
         if self._initializers:

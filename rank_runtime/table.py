@@ -19,6 +19,8 @@ from .world import get_world
 log = get_logger("shardrec.table")
 
 SPARSE_TABLES_COLLECTION = "SHARDREC_SPARSE_TABLES"
+# Optimizer slot variables of tables (Adam's m and v, ...): saved with their table, per rank.
+SPARSE_SLOTS_COLLECTION = "SHARDREC_SPARSE_SLOTS"
 MAX_LOOKUPS_PER_TABLE = 128
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,100}$")
 _GRADIENT_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
@@ -44,6 +46,21 @@ class EmbeddingTable:
         self.distinct_slot_tensors = set()
         self.graph = tf.compat.v1.get_default_graph()
         self.variable = self._make_variable(emb_initializer, capacity)
+        # "<optimizer name>.<slot name>" -> slot variable, rows aligned with self.variable.
+        self.slots = {}
+        # Names of the sparse optimizers that update this table in this graph (none: inference).
+        self.optimizers = set()
+
+    def register_slot(self, name, variable):
+        if not _NAME_RE.match(name) or ".." in name:
+            raise ValueError(f"table {self.table_name!r}: optimizer slot {name!r} cannot name a checkpoint file; "
+                             "optimizer names may use letters, digits, '_' and '.'")
+        if self.slots.get(name, variable) is not variable:
+            raise ValueError(f"table {self.table_name!r}: two optimizers named {name.split('.')[0]!r} update it; "
+                             "give them different names")
+        if name not in self.slots:
+            self.slots[name] = variable
+            tf.compat.v1.add_to_collection(SPARSE_SLOTS_COLLECTION, variable)
 
     def _make_variable(self, emb_initializer, capacity):
         def initial_value():

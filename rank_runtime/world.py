@@ -46,11 +46,20 @@ class World:
     def sum_over_ranks(self, value, what, timeout=60.0):
         """Sum of an int over all ranks. Every rank must call it at the same point; a lone caller
         gets an error after `timeout` seconds instead of hanging the job."""
+        recv = np.zeros(1, np.int64)
+        self._wait(lambda: self._helper.Iallreduce(np.array([value], np.int64), recv, op=MPI.SUM), what, timeout)
+        return int(recv[0])
+
+    def gather_from_ranks(self, value, what, timeout=60.0):
+        """Every rank's int (a list indexed by rank); called by all ranks together, as sum_over_ranks."""
+        recv = np.zeros(self.size, np.int64)
+        self._wait(lambda: self._helper.Iallgather(np.array([value], np.int64), recv), what, timeout)
+        return recv.tolist()
+
+    def _wait(self, start, what, timeout):
         if self._helper_broken:
             raise RuntimeError(f"{what}: {self._helper_broken}")
-        send = np.array([value], np.int64)
-        recv = np.zeros(1, np.int64)
-        request = self._helper.Iallreduce(send, recv, op=MPI.SUM)
+        request = start()
         deadline = time.monotonic() + timeout
         while not request.Test():
             if time.monotonic() > deadline:
@@ -59,7 +68,6 @@ class World:
                 raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
                                    "call it together (at the same point of the script)")
             time.sleep(0.001)
-        return int(recv[0])
 
 
 def _share_cores(local_size):

@@ -17,3 +17,15 @@ def test_wide_deep_demo_learns(tmp_path):
     assert float(summary.group(1)) >= 0.70
     assert "[rank 0/1]" in proc.stderr and "samples/s" in proc.stderr
     assert any(name.startswith("model-0-250") for name in os.listdir(tmp_path))
+
+
+def test_estimator_example_trains_and_evaluates_on_two_ranks(tmp_path):
+    from mpi_helpers import check, mpiexec
+
+    proc = check(mpiexec(2, os.path.join(ROOT, "examples", "estimator_wide_deep.py"), "--steps", "120",
+                         "--eval-every", "60", "--eval-samples", "4096", "--model-dir", tmp_path, timeout=400))
+    summaries = re.findall(r"SUMMARY rank=(\d) global_step=(\d+) eval_auc=([0-9.]+)", proc.stdout)
+    assert sorted(r for r, _, _ in summaries) == ["0", "1"], proc.stdout
+    for _, step, auc in summaries:
+        assert int(step) == 120 and float(auc) >= 0.70
+    assert sorted(os.listdir(tmp_path / "sparse-model.ckpt-120")) == ["rank-0-of-2", "rank-1-of-2"]

@@ -81,6 +81,15 @@ class EmbeddingIndex {
     return removed;
   }
 
+  // Forgets every key (a restore refills the index with about `expected` keys); counters are kept.
+  void clear(size_t expected) {
+    std::lock_guard<std::mutex> g(mu_);
+    map_ = KeySlotMap(expected);
+    free_.clear();
+    free_.shrink_to_fit();
+    next_slot_ = 0;
+  }
+
   // Every (key, slot) pair, in slot order so exports are reproducible.
   void export_pairs(std::vector<int64_t>& keys, std::vector<int32_t>& slots) const {
     std::lock_guard<std::mutex> g(mu_);

@@ -113,6 +113,13 @@ PYBIND11_MODULE(shardrec_native, m) {
             return index.erase(keys.data(), static_cast<size_t>(keys.size()));
           },
           py::arg("keys"))
+      .def(
+          "clear",
+          [](EmbeddingIndex& index, size_t expected) {
+            py::gil_scoped_release nogil;
+            index.clear(expected);
+          },
+          py::arg("expected") = 1024, "Forgets every key; `expected` sizes the map for the keys that follow.")
       .def("export", [](const EmbeddingIndex& index) {
         std::vector<int64_t> keys;
         std::vector<int32_t> slots;

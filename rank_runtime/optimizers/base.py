@@ -62,7 +62,16 @@ class SparseOptimizerMixin:
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        return super().apply_gradients(self._table_pairs(grads_and_vars), global_step=global_step, name=name)
+        pairs = self._table_pairs(grads_and_vars)
+        op = super().apply_gradients(pairs, global_step=global_step, name=name)
+        for _, var in pairs:
+            table = table_of_variable(var)
+            table.optimizers.add(self.get_name())
+            for slot_name in sorted(self.get_slot_names()):
+                slot = self.get_slot(var, slot_name)
+                if slot is not None:
+                    table.register_slot(f"{self.get_name()}.{slot_name}", slot)
+        return op
 
     def compute_gradients(self, loss, var_list=None, **kwargs):
         if var_list is None:

@@ -1,0 +1,1 @@
+"""Command lines: shardrec-ckpt (checkpoint inspection)."""

@@ -1,0 +1,6 @@
+"""The Estimator users of the Rec SDK know as NPUEstimator (tf_adapter), here for CPU/GPU ranks."""
+from rank_runtime.estimator import Estimator
+
+NPUEstimator = Estimator
+
+__all__ = ["Estimator", "NPUEstimator"]

@@ -1,0 +1,195 @@
+"""Per-rank sparse checkpoint files: one directory per shard, committed by its manifest.
+
+    <dir>/sparse-<name>-<step>/rank-<r>-of-<n>/MANIFEST.json
+    <dir>/sparse-<name>-<step>/rank-<r>-of-<n>/<table>/keys.npy, values.npy, <optimizer>.<slot>.npy
+
+Each rank writes its own shard directory, so no rank waits for another: the files go into a
+temporary directory, are flushed, the manifest (sizes, CRC-32s, shapes, dims, slot names, step,
+world size) is written last, and the directory is renamed into place. A shard directory without a
+valid manifest does not exist for restore. Arrays are .npy files (a small header and raw data),
+read with allow_pickle=False: nothing in a checkpoint can execute.
+
+A checkpoint of n ranks restores into any number of ranks: each rank keeps the keys it owns
+under the new world size (owner = key mod world size, as in the key exchange).
+"""
+import io
+import json
+import os
+import re
+import shutil
+import zlib
+
+import numpy as np
+
+from .logs import get_logger
+
+log = get_logger("shardrec.checkpoint")
+
+FORMAT = "shardrec-sparse-shard"
+VERSION = 1
+MANIFEST = "MANIFEST.json"
+_SHARD_RE = re.compile(r"^rank-(\d+)-of-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored: missing, incomplete, corrupt or of another layout."""
+
+
+def sparse_dir(save_path):
+    """The sparse directory that belongs to a dense checkpoint path `<dir>/<name>-<step>`."""
+    head, tail = os.path.split(os.path.abspath(save_path))
+    return os.path.join(head, f"sparse-{tail}")
+
+
+def shard_name(rank, size):
+    return f"rank-{rank}-of-{size}"
+
+
+def _write_array(directory, name, array):
+    """Writes `array` as <directory>/<name>.npy, flushed; returns its manifest entry."""
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    header = header.getvalue()
+    data = memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
+    path = os.path.join(directory, f"{name}.npy")
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"file": f"{name}.npy", "bytes": len(header) + data.nbytes, "crc32": zlib.crc32(data, zlib.crc32(header)),
+            "dtype": array.dtype.str, "shape": list(array.shape)}
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_shard(save_path, rank, size, step, tables, shared):
+    """tables: {table name: {"dim", "key_dtype", "keys", "optimizers", "arrays": {"values" | slot: rows}}}.
+    shared: every rank saves under the same path (else each under its own, seed 001's
+    `model-{rank_id}`). Returns the committed shard directory."""
+    root = sparse_dir(save_path)
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, shard_name(rank, size))
+    tmp = os.path.join(root, f".tmp-{shard_name(rank, size)}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    manifest = {"format": FORMAT, "version": VERSION, "step": step, "rank": rank, "world_size": size,
+                "layout": "shared" if shared else "per_rank", "tables": {}}
+    for name, table in tables.items():
+        os.makedirs(os.path.join(tmp, name))
+        files = {"keys": _write_array(os.path.join(tmp, name), "keys", table["keys"])}
+        for array_name, rows in table["arrays"].items():
+            files[array_name] = _write_array(os.path.join(tmp, name), array_name, rows)
+        for entry in files.values():
+            entry["file"] = f"{name}/{entry['file']}"
+        manifest["tables"][name] = {"dim": table["dim"], "key_dtype": table["key_dtype"], "rows": len(table["keys"]),
+                                    "optimizers": table["optimizers"],
+                                    "slots": sorted(a for a in table["arrays"] if a != "values"), "files": files}
+        _fsync_dir(os.path.join(tmp, name))
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if os.path.exists(final):
+        # A shard of the same step written before (a repeated save): replaced as a whole.
+        old = f"{final}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def read_manifest(shard_dir):
+    path = os.path.join(shard_dir, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; the shard was never committed (a save that did not finish)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a valid manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise CheckpointError(f"{path}: not a {FORMAT} manifest of version {VERSION}")
+    m = _SHARD_RE.match(os.path.basename(os.path.normpath(shard_dir)))
+    if not m or (int(m.group(1)), int(m.group(2))) != (manifest.get("rank"), manifest.get("world_size")):
+        raise CheckpointError(f"{path}: says rank {manifest.get('rank')} of {manifest.get('world_size')}, "
+                              f"but lies in {os.path.basename(shard_dir)!r}")
+    return manifest
+
+
+def find_shards(root):
+    """{rank: shard directory} of the committed shards under a sparse directory, and the world
+    size they were written by."""
+    if not os.path.isdir(root):
+        raise CheckpointError(f"{root}: no sparse checkpoint here (the directory does not exist)")
+    shards, sizes = {}, set()
+    for entry in sorted(os.listdir(root)):
+        m = _SHARD_RE.match(entry)
+        if m and os.path.exists(os.path.join(root, entry, MANIFEST)):
+            shards[int(m.group(1))] = os.path.join(root, entry)
+            sizes.add(int(m.group(2)))
+    if not shards:
+        raise CheckpointError(f"{root}: no committed shard (no rank-<r>-of-<n>/{MANIFEST})")
+    if len(sizes) > 1:
+        raise CheckpointError(f"{root}: shards of different world sizes {sorted(sizes)}")
+    return shards, sizes.pop()
+
+
+def needed_shards(root, rank, size):
+    """(the shards this rank reads to restore from `root` into a world of `size`, {rank: dir},
+    the world size that wrote it). Raises CheckpointError when one is missing."""
+    shards, saved_size = find_shards(root)
+    layout = read_manifest(next(iter(shards.values()))).get("layout")
+    if layout == "per_rank" and saved_size != size:
+        raise CheckpointError(f"{root}: written by {saved_size} ranks each under its own path; such a checkpoint "
+                              f"restores into {saved_size} ranks only (this job has {size}). To change the number "
+                              "of ranks, save with the same path on every rank")
+    # The same world reads its own shard; another world size reads them all and keeps its keys.
+    needed = [rank] if saved_size == size else list(range(saved_size))
+    missing = [r for r in needed if r not in shards]
+    if layout == "shared" and not missing:
+        missing = [r for r in range(saved_size) if r not in shards]
+    if missing:
+        raise CheckpointError(f"{root}: the shards of rank(s) {missing} of {saved_size} are missing (no committed "
+                              f"{shard_name(missing[0], saved_size)}/{MANIFEST}); the save did not finish on "
+                              "every rank")
+    return {r: shards[r] for r in needed}, saved_size
+
+
+def read_array(shard_dir, entry, what):
+    """Reads one array of a shard and checks it against its manifest entry."""
+    path = os.path.normpath(os.path.join(shard_dir, entry["file"]))
+    if os.path.dirname(os.path.dirname(path)) != os.path.normpath(shard_dir):
+        raise CheckpointError(f"{shard_dir}/{MANIFEST}: file {entry['file']!r} of {what} lies outside the shard")
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing ({what})") from None
+    if size != entry["bytes"]:
+        raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry['bytes']} ({what}; truncated or replaced)")
+    buf = bytearray(size)
+    with open(path, "rb") as f:
+        f.readinto(buf)
+    if zlib.crc32(buf) != entry["crc32"]:
+        raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
+    stream = io.BytesIO(buf)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(stream)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not an array file ({e})") from None
+    if list(shape) != entry["shape"] or dtype.str != entry["dtype"] or fortran or dtype.hasobject:
+        raise CheckpointError(f"{path}: holds {dtype.str}{list(shape)}, the manifest says {entry['dtype']}{entry['shape']}")
+    return np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape)

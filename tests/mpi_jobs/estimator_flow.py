@@ -1,0 +1,121 @@
+"""Estimator train -> evaluate -> predict on every rank (graph-modification lookups, hooks as the
+seeds add them), then a tf.Session evaluation of the same checkpoint as the oracle.
+
+    mpiexec -np N python estimator_flow.py MODEL_DIR OUT_JSON_PREFIX
+
+Writes OUT_JSON_PREFIX-rank<r>.json: the Estimator's eval metrics, the Session-mode AUC and
+predictions of the same checkpoint, the Estimator's predictions (with the row numbers they came
+with) and the table sizes.
+"""
+import json
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from mx_rec.core.embedding import create_table, sparse_lookup
+from mx_rec.estimator import NPUEstimator
+from mx_rec.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
+from mx_rec.optimizers import lazy_adam
+from mx_rec.util.initialize import get_initializer, get_rank_id, get_rank_size, init, terminate_config_initializer
+
+FIELDS, DIM, DENSE, BATCH = 5, 8, 3, 32
+TRAIN_STEPS, EVAL_ROWS = 40, 8 * BATCH
+
+
+def data(rows, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.zipf(1.5, size=(rows, FIELDS)).astype(np.int64) % 500 + 1000 * np.arange(FIELDS)
+    x = rng.normal(size=(rows, DENSE)).astype(np.float32)
+    score = np.sin(ids % 7).sum(1) * 0.6 + x[:, 0]
+    label = (score + rng.normal(scale=0.5, size=rows) > 0).astype(np.float32)
+    return {"ids": ids, "x": x, "row": np.arange(rows, dtype=np.int64)}, label
+
+
+def input_fn(mode, rank):
+    def fn():
+        if mode == "train":
+            features, labels = data(TRAIN_STEPS * BATCH, 10 + rank)
+            return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH, drop_remainder=True)
+        features, labels = data(EVAL_ROWS, 100 + rank)
+        if mode == "predict":
+            return tf.data.Dataset.from_tensor_slices(features).batch(BATCH, drop_remainder=True)
+        return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH, drop_remainder=True)
+    return fn
+
+
+def forward(features, is_train):
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=3),
+                         device_vocabulary_size=20_000)
+    # A transform between get_next() and the lookup, as users write them.
+    ids = tf.reshape(features["ids"], [-1, FIELDS])
+    emb = sparse_lookup(table, ids, is_train=is_train, modify_graph=True, name="emb_lookup")
+    with tf.compat.v1.variable_scope("tower", reuse=tf.compat.v1.AUTO_REUSE):
+        h = tf.compat.v1.layers.dense(tf.concat([tf.reshape(emb, [-1, FIELDS * DIM]), features["x"]], 1), 16,
+                                      tf.nn.relu, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=4))
+        logit = tf.squeeze(tf.compat.v1.layers.dense(h, 1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=5)), 1)
+    return table, logit
+
+
+def model_fn(features, labels, mode):
+    table, logit = forward(features, mode == tf.estimator.ModeKeys.TRAIN)
+    prob = tf.sigmoid(logit)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"prob": prob, "row": features["row"]})
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={"auc": tf.compat.v1.metrics.auc(labels, prob)})
+    step = tf.compat.v1.train.get_or_create_global_step()
+    dense = tf.compat.v1.trainable_variables()
+    train_op = tf.group(
+        hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(0.01)).minimize(loss, var_list=dense, global_step=step),
+        lazy_adam.create_hash_optimizer(0.02).apply_gradients([(tf.gradients(loss, table.variable)[0], table.variable)]))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def session_evaluation(checkpoint, rank):
+    """The oracle: the same eval graph in tf.Session mode, restored from the Estimator's checkpoint."""
+    with tf.Graph().as_default():
+        dataset = input_fn("eval", rank)()
+        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+        features, labels = iterator.get_next()
+        table, logit = forward(features, False)
+        prob = tf.sigmoid(logit)
+        auc, update = tf.compat.v1.metrics.auc(labels, prob)
+        saver = tf.compat.v1.train.Saver()
+        modify_graph_and_start_emb_cache()
+        probs = []
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.local_variables_initializer())
+            saver.restore(sess, checkpoint)
+            sess.run(get_initializer(False))
+            while True:
+                try:
+                    probs.append(sess.run([update, prob])[1])
+                except tf.errors.OutOfRangeError:
+                    break
+            return float(sess.run(auc)), np.concatenate(probs), table.size()
+
+
+def main(model_dir, out_prefix):
+    tf.compat.v1.disable_eager_execution()
+    init()
+    rank = get_rank_id()
+    est = NPUEstimator(model_fn, model_dir=model_dir,
+                       config=tf.estimator.RunConfig(save_checkpoints_steps=15, tf_random_seed=1))
+    est.train(input_fn("train", rank), hooks=[GraphModifierHook()], max_steps=TRAIN_STEPS)
+    metrics = est.evaluate(input_fn("eval", rank), hooks=[GraphModifierHook()])
+    preds = list(est.predict(input_fn("predict", rank), hooks=[GraphModifierHook()]))
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    auc, probs, size = session_evaluation(checkpoint, rank)
+    with open(f"{out_prefix}-rank{rank}.json", "w") as f:
+        json.dump({"rank": rank, "size": get_rank_size(), "metrics": {k: float(v) for k, v in metrics.items()},
+                   "session_auc": auc, "session_probs": probs.tolist(), "checkpoint": checkpoint,
+                   "pred_probs": [float(p["prob"]) for p in preds], "pred_rows": [int(p["row"]) for p in preds],
+                   "restored_keys": size}, f)
+    terminate_config_initializer()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
