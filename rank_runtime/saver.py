@@ -114,14 +114,25 @@ class Saver(_TFSaver):
                 step = int(global_step if isinstance(global_step, (int, np.integer))
                            else training_util.global_step(sess, global_step))
                 path = "%s-%d" % (save_path, step)
-            if not self._save_tables(sess, path, step) and config.get_config().rank != 0:
+            shared = not self._save_tables(sess, path, step) and config.get_config().size > 1
+            if shared and config.get_config().rank != 0:
                 # One path for all ranks: rank 0 writes the dense part (equal on every rank) and
-                # the `checkpoint` file, the others their table shards only.
+                # the `checkpoint` file, the others their table shards only; every rank returns
+                # once the checkpoint is committed, so that what follows (an evaluation of the
+                # latest checkpoint, say) sees it.
+                self._wait_for_commit(path)
                 return path
-        return super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename,
-                            meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
-                            write_state=write_state, strip_default_attrs=strip_default_attrs,
-                            save_debug_info=save_debug_info)
+        result = super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename,
+                              meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
+                              write_state=write_state, strip_default_attrs=strip_default_attrs,
+                              save_debug_info=save_debug_info)
+        if self._tables and shared:
+            self._wait_for_commit(path)
+        return result
+
+    @staticmethod
+    def _wait_for_commit(path):
+        get_world().gather_from_ranks(0, f"Saver.save({path!r}): rank 0 writing the dense part", timeout=SAVE_SYNC_S)
 
     def restore(self, sess, save_path):
         if self._tables and save_path is not None:
@@ -243,11 +254,16 @@ def _joined(parts):
 def _apply_tables(sess, tables, shards):
     for table in tables:
         keys, arrays = shards[table.table_name]
-        table.index.clear(len(keys))
-        rows_at = table.index.lookup(keys, allocate=True)
         ops = _checkpoint_ops(table)
         done = sess.run(ops.initialized)
-        sess.run([init for init, ok in zip(ops.initializers, done) if not ok])
+        # A table that has held keys in this session starts again from its initializer, so that
+        # keys inserted after the restore do not inherit rows of keys that were dropped. A fresh
+        # table keeps the values its initializer gave it: re-running a random initializer would
+        # draw other values, and a resumed run would then differ from an uninterrupted one.
+        used = table.index.size() > 0 or table.index.counters()["inserted"] > 0
+        sess.run([init for init, ok in zip(ops.initializers, done) if used or not ok])
+        table.index.clear(len(keys))
+        rows_at = table.index.lookup(keys, allocate=True)
         feed = {ops.rows_at: rows_at}
         feed.update({ops.rows[name]: rows for name, rows in arrays.items()})
         sess.run([ops.write[name] for name in arrays], feed_dict=feed)

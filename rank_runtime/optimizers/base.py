@@ -9,7 +9,9 @@ The sentinel row (what ids with no row read) only ever gets zero gradients: padd
 gathered back into the batch, and serving defaults replace rows with tf.where. Every optimizer here
 maps a zero gradient on a zero row to a zero row, so the sentinel stays zero with no masking.
 """
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import init_ops, init_ops_v2
 
 from .. import config
 from ..table import SPARSE_TABLES_COLLECTION, EmbeddingTable, distinct_slot_refs, table_of_variable
@@ -23,6 +25,28 @@ def _comes_from_one_lookup(indices):
     while tensor.op.type in ("Reshape", "Identity"):
         tensor = tensor.op.inputs[0]
     return tensor.ref() in distinct_slot_refs()
+
+
+class _Filled:
+    """A constant initializer for table-sized slots that TensorFlow cannot constant-fold. A folded
+    zeros / fill stays alive in its Const kernel, so the slot variable shares its buffer and is
+    copied whole on its first sparse access: twice the slot's memory (measured: 133 against 67
+    bytes per key for one dim-16 slot). `Empty(init=True)` is computed at run time and handed over."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, shape, dtype=tf.float32, partition_info=None):
+        filled = tf.raw_ops.Empty(shape=shape, dtype=dtype, init=True)
+        return filled if self.value == 0 else filled + tf.cast(self.value, dtype)
+
+
+def _unfoldable(initializer):
+    if isinstance(initializer, (init_ops.Zeros, init_ops_v2.Zeros)):
+        return _Filled(0)
+    if isinstance(initializer, (init_ops.Constant, init_ops_v2.Constant)) and np.ndim(initializer.value) == 0:
+        return _Filled(initializer.value)
+    return initializer
 
 
 def check_learning_rate(owner, learning_rate):
@@ -55,6 +79,14 @@ class SparseOptimizerMixin:
         if table.all2all_gradients_op != "sum_gradients_and_div_by_ranksize" or config.get_rank_size() == 1:
             return grad
         return tf.IndexedSlices(grad.values / float(config.get_rank_size()), grad.indices, grad.dense_shape)
+
+    def _zeros_slot(self, var, slot_name, op_name):
+        return self._get_or_make_slot_with_initializer(var, _Filled(0), var.get_shape(), var.dtype.base_dtype,
+                                                       slot_name, op_name)
+
+    def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name, op_name):
+        return super()._get_or_make_slot_with_initializer(var, _unfoldable(initializer), shape, dtype, slot_name,
+                                                          op_name)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         if _comes_from_one_lookup(indices):
