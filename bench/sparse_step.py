@@ -46,7 +46,7 @@ def main(argv=None):
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
-    dataset = tf.data.Dataset.from_tensor_slices({"ids": keys, "rows": rows}).repeat()
+    dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
     op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity)

@@ -114,7 +114,7 @@ class Saver(_TFSaver):
                 step = int(global_step if isinstance(global_step, (int, np.integer))
                            else training_util.global_step(sess, global_step))
                 path = "%s-%d" % (save_path, step)
-            shared = not self._save_tables(sess, path, step) and config.get_config().size > 1
+            shared = self._save_tables(sess, path, step) and config.get_config().size > 1
             if shared and config.get_config().rank != 0:
                 # One path for all ranks: rank 0 writes the dense part (equal on every rank) and
                 # the `checkpoint` file, the others their table shards only; every rank returns
@@ -143,7 +143,7 @@ class Saver(_TFSaver):
             _apply_tables(sess, self._tables, shards)
 
     def _save_tables(self, sess, path, step):
-        """Writes this rank's shard; returns whether this rank saves under a path of its own."""
+        """Writes this rank's shard; returns whether every rank saves under this same path."""
         cfg = config.get_config()
         tables = {}
         for table in self._tables:
@@ -157,7 +157,7 @@ class Saver(_TFSaver):
         log.info("saved this rank's shard of %d table(s) (%s keys) to %s", len(tables),
                  "+".join(str(len(t["keys"])) for t in tables.values()), shard)
         self._forget_old(shard)
-        return not shared
+        return shared
 
     @staticmethod
     def _shared_path(path):
