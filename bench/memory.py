@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import psutil
 import tensorflow as tf
 

@@ -4,7 +4,6 @@ a user would use instead. Each builder takes a tf.data dataset of {"ids": [B, F]
 
 The model is the same everywhere: loss = mean over the batch of (sum of the looked-up rows)^2.
 """
-import numpy as np
 import tensorflow as tf
 
 LR = 0.001

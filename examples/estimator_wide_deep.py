@@ -12,7 +12,6 @@ import os
 import sys
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

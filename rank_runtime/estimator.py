@@ -15,7 +15,6 @@ Every rank runs the same Estimator on its own shard of the data, with one shared
 Checkpoints are taken by step (save_checkpoints_steps): a time-based schedule would fire at
 different steps on different ranks, and a checkpoint needs every rank's shard of the same step.
 """
-import os
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
