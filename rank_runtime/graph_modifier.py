@@ -45,8 +45,9 @@ class PendingLookup:
         self.ids = ids
         self.get_next = get_next
         self.transform_ops = transform_ops
-        # GraphDef of the ops from get_next outputs to ids (None: ids is a get_next output).
-        self.transform = _transform_graph_def(ids.graph, transform_ops)
+        # GraphDef of the ops from get_next outputs to ids (None: ids is a get_next output), cut
+        # at modification from one serialisation of the graph for all lookups.
+        self.transform = None
         self.placeholders = placeholders
 
 
@@ -83,11 +84,10 @@ def _trace_to_iterator(lookup_name, ids):
     return get_next.pop(), between
 
 
-def _transform_graph_def(graph, between):
+def _transform_graph_def(full, between):
     if not between:
         return None
     names = {op.name for op in between}
-    full = graph.as_graph_def(add_shapes=False)
     out = tf.compat.v1.GraphDef()
     out.library.CopyFrom(full.library)
     for node in full.node:
@@ -222,8 +222,10 @@ def modify_graph_and_start_emb_cache(dump_graph=False):
     directory = os.path.abspath(os.path.join("graph_dump", f"rank-{cfg.rank}"))
     if dump_graph:
         _dump(graph, directory, "before_modify.pbtxt")
+    full = graph.as_graph_def(add_shapes=False)
     groups = {}
     for lookup in state.pending_lookups:
+        lookup.transform = _transform_graph_def(full, lookup.transform_ops)
         groups.setdefault(lookup.get_next, []).append(lookup)
     initializers = {True: [], False: []}
     with graph.as_default(), tf.name_scope("shardrec_modified_input"):
