@@ -1,16 +1,25 @@
 """shardrec-ckpt: look into checkpoints without starting TensorFlow.
 
     shardrec-ckpt inspect DIR [--no-verify]
+    shardrec-ckpt export DIR --table T [--out FILE.npz]
 
 DIR is a model directory (every checkpoint in it), a sparse-<name> directory or a dense
-checkpoint prefix. Prints each checkpoint's step, world size, tables with their dims, optimizer
-slots and rows per rank, and whether every file matches its manifest (size and CRC-32). Exits 1
-when any checkpoint is incomplete or damaged, 2 on bad arguments.
+checkpoint prefix. `inspect` prints each checkpoint's step, world size, tables with their dims,
+optimizer slots and rows per rank, and whether every file matches its manifest (size, CRC-32,
+row counts) and the dense part (index, data, meta graph) is there. `export` writes every rank's
+rows of one table from one checkpoint (the newest complete one of a model directory) into one
+.npz: `keys`, `values` and each optimizer slot as `<optimizer>.<slot>`, rows aligned with keys
+(np.load(FILE, allow_pickle=False) reads it). Exit status: 0 fine, 1 when a checkpoint is
+incomplete or damaged (or the table is missing), 2 on bad arguments.
 """
 import argparse
+import os
 import sys
 
-from orchestrator.checkpoints import find_checkpoints
+import numpy as np
+
+from orchestrator.checkpoints import find_checkpoints, table_rows
+from rank_runtime.sparse_checkpoint import CheckpointError
 
 
 def _describe(ckpt):
@@ -35,18 +44,46 @@ def main(argv=None):
     inspect = sub.add_parser("inspect", help="list checkpoints and check their files")
     inspect.add_argument("path")
     inspect.add_argument("--no-verify", action="store_true", help="check sizes only, not checksums (faster)")
+    export = sub.add_parser("export", help="one table's rows of every rank into one .npz")
+    export.add_argument("path")
+    export.add_argument("--table", required=True)
+    export.add_argument("--out", help="the .npz to write (default: <table>.npz in the current directory)")
     args = p.parse_args(argv)
     try:
-        checkpoints = find_checkpoints(args.path, verify=not args.no_verify)
+        checkpoints = find_checkpoints(args.path, verify=args.command == "export" or not args.no_verify)
     except FileNotFoundError as e:
         print(f"shardrec-ckpt: {e}", file=sys.stderr)
         return 2
     if not checkpoints:
         print(f"shardrec-ckpt: no shardrec checkpoint (sparse-* directory) in {args.path}", file=sys.stderr)
         return 1
+    if args.command == "export":
+        return _export(checkpoints, args.table, args.out or f"{args.table}.npz")
     for ckpt in checkpoints:
         print(_describe(ckpt))
     return 0 if all(c.ok for c in checkpoints) else 1
+
+
+def _export(checkpoints, table, out):
+    complete = [c for c in checkpoints if c.ok]
+    if not complete:
+        print(_describe(checkpoints[-1]), file=sys.stderr)
+        print("shardrec-ckpt: no complete checkpoint to export from", file=sys.stderr)
+        return 1
+    ckpt = complete[-1]
+    try:
+        arrays = table_rows(ckpt, table)
+    except CheckpointError as e:
+        print(f"shardrec-ckpt: {e}", file=sys.stderr)
+        return 1
+    if not out.endswith(".npz"):
+        out += ".npz"
+    tmp = f"{out}.tmp-{os.getpid()}.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out)
+    print(f"{ckpt.name} (step {ckpt.step}): table {table}: {len(arrays['keys'])} rows of "
+          f"{', '.join(sorted(arrays))} -> {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,19 +1,16 @@
-"""Reads shardrec checkpoints without TensorFlow: which ones exist, which are complete, and whether
-their files still match their manifests.
+"""Reads shardrec checkpoints without TensorFlow: which ones exist, which are complete, whether
+their files still match their manifests, and every rank's rows of a table in one place.
 
-The layout and the manifest are written by rank_runtime/sparse_checkpoint.py (see its docstring);
-tests/test_ckpt_cli.py checks this reader against checkpoints that the Saver wrote.
+The format (layout, manifest, arrays) is rank_runtime/sparse_checkpoint.py's, which imports no
+TensorFlow; tests/test_ckpt_cli.py checks this reader against checkpoints that the Saver wrote.
 """
-import json
+import glob
 import os
-import re
-import zlib
 from dataclasses import dataclass, field
 
-FORMAT = "shardrec-sparse-shard"
-_SHARD_RE = re.compile(r"^rank-(\d+)-of-(\d+)$")
-_SPARSE_RE = re.compile(r"^sparse-(.+)$")
-_CHUNK = 64 * 2**20
+import numpy as np
+
+from rank_runtime import sparse_checkpoint as fmt
 
 
 @dataclass
@@ -43,58 +40,35 @@ class Checkpoint:
         return steps.pop() if len(steps) == 1 else None
 
     @property
+    def dense_prefix(self):
+        return os.path.join(os.path.dirname(self.sparse_dir), self.name)
+
+    @property
     def ok(self):
         return not self.problems and all(not s.problems for s in self.shards.values())
 
 
-def _crc_of(path):
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                return crc, size
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-
-
-def _check_shard(shard, verify):
-    path = os.path.join(shard.path, "MANIFEST.json")
-    try:
-        with open(path) as f:
-            shard.manifest = json.load(f)
-    except FileNotFoundError:
-        shard.problems.append(f"{path}: missing (the save did not finish)")
-        return
-    except (ValueError, UnicodeDecodeError) as e:
-        shard.problems.append(f"{path}: not a valid manifest ({e})")
-        return
-    if shard.manifest.get("format") != FORMAT:
-        shard.problems.append(f"{path}: not a {FORMAT} manifest")
-        return
-    for table, entry in sorted(shard.manifest.get("tables", {}).items()):
-        for name, item in sorted(entry.get("files", {}).items()):
-            file = os.path.normpath(os.path.join(shard.path, item["file"]))
-            if not file.startswith(os.path.normpath(shard.path) + os.sep):
-                shard.problems.append(f"{path}: file {item['file']!r} lies outside the shard")
-                continue
-            if not os.path.exists(file):
-                shard.problems.append(f"{file}: missing")
-            elif os.path.getsize(file) != item["bytes"]:
-                shard.problems.append(f"{file}: {os.path.getsize(file)} bytes, the manifest says {item['bytes']}")
-            elif verify and _crc_of(file)[0] != item["crc32"]:
-                shard.problems.append(f"{file}: checksum mismatch")
+def _dense_problems(prefix):
+    """The files TensorFlow's Saver writes for a checkpoint: index, data shards, meta graph."""
+    problems = []
+    if not os.path.exists(f"{prefix}.index"):
+        problems.append(f"{prefix}.index: missing (the dense part of the checkpoint)")
+    if not glob.glob(glob.escape(prefix) + ".data-*-of-*"):
+        problems.append(f"{prefix}.data-*: missing (the dense part of the checkpoint)")
+    if not os.path.exists(f"{prefix}.meta"):
+        problems.append(f"{prefix}.meta: missing (the meta graph; saved with write_meta_graph=False?)")
+    return problems
 
 
 def read_checkpoint(sparse_dir, verify=True):
     """The checkpoint whose table shards lie in `sparse_dir` (<dir>/sparse-<name>)."""
-    name = _SPARSE_RE.match(os.path.basename(os.path.normpath(sparse_dir))).group(1)
+    name = fmt.SPARSE_RE.fullmatch(os.path.basename(os.path.normpath(sparse_dir))).group(1)
     ckpt = Checkpoint(name, sparse_dir, {})
     for entry in sorted(os.listdir(sparse_dir)):
-        m = _SHARD_RE.match(entry)
+        m = fmt.SHARD_RE.fullmatch(entry)
         if m:
             shard = Shard(int(m.group(1)), int(m.group(2)), os.path.join(sparse_dir, entry))
-            _check_shard(shard, verify)
+            shard.manifest, shard.problems = fmt.verify_shard(shard.path, checksums=verify)
             ckpt.shards[shard.rank] = shard
         elif entry.startswith(".tmp-"):
             ckpt.problems.append(f"{os.path.join(sparse_dir, entry)}: a shard that was never committed")
@@ -107,6 +81,7 @@ def read_checkpoint(sparse_dir, verify=True):
         missing = [r for r in expected if r not in ckpt.shards]
         if missing:
             ckpt.problems.append(f"the shards of rank(s) {missing} of {size} are missing")
+    ckpt.problems.extend(_dense_problems(ckpt.dense_prefix))
     return ckpt
 
 
@@ -114,7 +89,7 @@ def find_checkpoints(path, verify=True):
     """Checkpoints at `path`: a model directory (all of them, oldest first), a sparse-<name>
     directory, or a dense checkpoint prefix such as <dir>/model.ckpt-100."""
     path = os.path.abspath(path)
-    if os.path.isdir(path) and _SPARSE_RE.match(os.path.basename(path)):
+    if os.path.isdir(path) and fmt.SPARSE_RE.fullmatch(os.path.basename(path)):
         return [read_checkpoint(path, verify)]
     head, tail = os.path.split(path)
     if os.path.isdir(os.path.join(head, f"sparse-{tail}")):
@@ -122,5 +97,22 @@ def find_checkpoints(path, verify=True):
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: neither a directory nor a checkpoint with a sparse-{tail} directory")
     found = [read_checkpoint(os.path.join(path, e), verify) for e in os.listdir(path)
-             if _SPARSE_RE.match(e) and os.path.isdir(os.path.join(path, e))]
+             if fmt.SPARSE_RE.fullmatch(e) and os.path.isdir(os.path.join(path, e))]
     return sorted(found, key=lambda c: (c.step is None, c.step or 0, c.name))
+
+
+def table_rows(ckpt, table):
+    """{"keys", "values", <optimizer>.<slot>...}: every rank's rows of `table`, concatenated in
+    rank order, each array read and verified against its manifest. Raises CheckpointError."""
+    if not ckpt.ok:
+        raise fmt.CheckpointError(f"{ckpt.sparse_dir}: damaged or incomplete: " +
+                                  "; ".join(ckpt.problems + [p for s in ckpt.shards.values() for p in s.problems]))
+    parts = {}
+    for rank, shard in sorted(ckpt.shards.items()):
+        entry = shard.manifest["tables"].get(table)
+        if entry is None:
+            known = sorted(shard.manifest["tables"])
+            raise fmt.CheckpointError(f"{shard.path}: has no table {table!r}; it has {known}")
+        for name, item in entry["files"].items():
+            parts.setdefault(name, []).append(fmt.read_array(shard.path, item, f"table {table!r} {name}"))
+    return {name: np.concatenate(arrays) for name, arrays in parts.items()}

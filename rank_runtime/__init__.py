@@ -1,17 +1,29 @@
-"""Everything that runs inside one rank: init, tables, lookups, the key pipeline, sparse optimizers."""
-from .config import (get_rank_id, get_rank_size, get_use_dynamic_expansion, init,
-                     terminate_config_initializer)
-from .estimator import Estimator
-from .feature_spec import FeatureSpec
-from .hooks import GraphModifierHook
-from .key_pipeline import get_asc_insert_func, start_asc_pipeline
-from .lookup import sparse_lookup
-from .saver import Saver
-from .table import EmbeddingTable, create_table
-from .variables import get_dense_and_sparse_variable
+"""Everything that runs inside one rank: init, tables, lookups, the key pipeline, sparse optimizers.
 
-__all__ = [
-    "EmbeddingTable", "Estimator", "FeatureSpec", "GraphModifierHook", "Saver", "create_table", "get_asc_insert_func", "get_dense_and_sparse_variable",
-    "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "init", "sparse_lookup", "start_asc_pipeline",
-    "terminate_config_initializer",
-]
+Names are loaded on first use: importing this package (or mx_rec) starts no MPI, imports no
+TensorFlow by itself and patches nothing; init() does what must be done process-wide.
+"""
+import importlib
+
+_EXPORTS = {
+    "EmbeddingTable": ".table", "create_table": ".table",
+    "Estimator": ".estimator",
+    "FeatureSpec": ".feature_spec",
+    "GraphModifierHook": ".hooks",
+    "Saver": ".saver",
+    "get_asc_insert_func": ".key_pipeline", "start_asc_pipeline": ".key_pipeline",
+    "sparse_lookup": ".lookup",
+    "get_dense_and_sparse_variable": ".variables",
+    "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".config",
+    "terminate_config_initializer": ".config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

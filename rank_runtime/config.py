@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from .logs import get_logger
+from . import process_hooks
+from .logs import get_logger, warn_once
 from .validation import INT32_MAX, check_bool, check_int
 from .world import get_world
 
@@ -54,9 +55,29 @@ class GraphState:
     pending_lookups: list = field(default_factory=list)
     # is_training -> the iterator initializers that graph modification made.
     initializers: dict = field(default_factory=dict)
+    # The insert functions built in this graph (start_asc_pipeline checks their tables).
+    insert_functions: list = field(default_factory=list)
+    # (feature name, channel) -> send_count, registered by each lookup with static shapes: a train
+    # and an eval FeatureSpec of the same name keep their own.
+    send_counts: dict = field(default_factory=dict)
 
 
 _config = None
+_atexit_registered = []
+
+
+def _warn_unused_steps(steps, if_load):
+    """The Rec SDK sizes its own data loop with these; shardrec follows the dataset and the
+    training loop, so they only say what the script intends."""
+    given = {k: v for k, v in steps.items() if v != -1}
+    if given:
+        warn_once(f"init({', '.join(f'{k}={v}' for k, v in given.items())}): step counts have no effect in shardrec: "
+                  "the key pipeline follows the dataset, and the training loop (or the Estimator's steps) decides "
+                  "how many steps run", "shardrec.config")
+    if if_load:
+        warn_once("init(if_load=True) has no effect in shardrec: restore checkpoints with "
+                  "tf.compat.v1.train.Saver().restore(...) (or the Estimator's model_dir / warm_start_from)",
+                  "shardrec.config")
 
 
 def _bind_to_cores(local_rank, local_size):
@@ -90,10 +111,16 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
         check_bool("init", name, value)
     if kwargs:
         raise TypeError(f"init: unknown parameter(s) {sorted(kwargs)}")
+    _warn_unused_steps(steps, if_load)
     if use_dynamic_expansion:
         raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
                                   "implement dynamic capacity expansion yet")
     world = get_world()
+    world.restart_channels()
+    process_hooks.patch_tensorflow()
+    if not _atexit_registered:
+        atexit.register(terminate_config_initializer)
+        _atexit_registered.append(True)
     rank, size, local_rank = world.rank, world.size, world.local_rank
     if bind_cpu:
         _bind_to_cores(local_rank, world.local_size)
@@ -115,15 +142,14 @@ def is_initialized():
 
 
 def terminate_config_initializer():
-    """Stops the key pipeline and forgets every table; init() may be called again afterwards."""
+    """Forgets the configuration and every table, so that init() may be called again. The
+    communicators, Horovod and MPI stay up for the rest of the process; datasets built before
+    refuse to run until a new pipeline is started."""
     global _config
     if _config is None:
         return
     log.info("terminated")
     _config = None
-
-
-atexit.register(terminate_config_initializer)
 
 
 def get_rank_id():

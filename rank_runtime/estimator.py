@@ -16,7 +16,6 @@ Checkpoints are taken by step (save_checkpoints_steps): a time-based schedule wo
 different steps on different ranks, and a checkpoint needs every rank's shard of the same step.
 """
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 from tensorflow.python.training import training_util
 from tensorflow.python.util import function_utils
@@ -35,6 +34,8 @@ class _BroadcastDenseHook(tf.compat.v1.train.SessionRunHook):
     """Rank 0's dense variables to every rank once the session exists (after any restore)."""
 
     def begin(self):
+        import horovod.tensorflow as hvd
+
         sparse = {id(v) for c in (SPARSE_TABLES_COLLECTION, SPARSE_SLOTS_COLLECTION)
                   for v in tf.compat.v1.get_collection(c)}
         dense = [v for v in tf.compat.v1.global_variables() if id(v) not in sparse]

@@ -1,4 +1,5 @@
 """FeatureSpec: which element of the dataset holds the ids of one lookup, and of which table."""
+from .logs import warn_once
 from .validation import INT32_MAX, check_bool, check_int, check_type
 
 _OWNER = "FeatureSpec"
@@ -32,6 +33,15 @@ class FeatureSpec:
         if eviction and not admission:
             raise ValueError(f"{_OWNER} {name!r}: eviction_threshold = {eviction_threshold} needs admission: "
                              "set access_threshold >= 0 as well")
+        if self.is_timestamp:
+            raise NotImplementedError(f"{_OWNER} {name!r}: is_timestamp=True feeds time-based eviction, which is not "
+                                      "available yet: shardrec does not implement feature admission and eviction yet")
+        if self.batch_size is not None:
+            warn_once(f"{_OWNER}(batch_size=...) has no effect in shardrec: the batch size is the dataset's "
+                      "(each batch may differ with dynamic shapes)", "shardrec.feature_spec")
+        if self.faae_coefficient != 1:
+            warn_once(f"{_OWNER}(faae_coefficient={self.faae_coefficient}) has no effect in shardrec: it weighs "
+                      "feature admission, which is not built yet", "shardrec.feature_spec")
         if admission or eviction:
             raise NotImplementedError(f"{_OWNER} {name!r}: access_threshold / eviction_threshold are not available "
                                       "yet: shardrec does not implement feature admission and eviction yet")

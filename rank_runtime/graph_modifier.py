@@ -23,8 +23,9 @@ from tensorflow.python.data.ops import dataset_ops
 
 from . import config
 from .feature_spec import FeatureSpec
-from .key_pipeline import _FIELDS, InsertFunction, pipeline_key, start_asc_pipeline
+from .key_pipeline import InsertFunction, start_asc_pipeline
 from .logs import get_logger
+from .routing import FeatureRouting
 from .validation import check_bool
 
 log = get_logger("shardrec.graph_modifier")
@@ -115,16 +116,13 @@ def pending_lookup(hashtable, ids, is_train, name, access_and_evict_config):
     spec = FeatureSpec(f"_shardrec_mg{next(_counter)}_{hashtable.table_name}", table_name=hashtable.table_name,
                        access_threshold=thresholds.get("access_threshold"),
                        eviction_threshold=thresholds.get("eviction_threshold"))
-    size = config.get_config().size
-    shapes = {"slots": [None], "expand": [None], "send_splits": [size], "recv_splits": [size],
-              "restore": [ids.shape.num_elements()]}
     with tf.name_scope(f"{lookup_name}_pending"):
-        placeholders = {f: tf.compat.v1.placeholder(tf.int32, shapes[f], name=f) for f in _FIELDS}
+        placeholders = FeatureRouting.placeholders(config.get_config().size, ids.shape.num_elements())
     graph = ids.graph
     config.get_config().graph_state(graph).pending_lookups.append(
         PendingLookup(lookup_name, hashtable, spec, is_train, ids, get_next, between, placeholders))
-    batch = {pipeline_key(spec.name, f): placeholders[f] for f in _FIELDS}
-    batch[spec.index_key] = ids
+    batch = {spec.index_key: ids}
+    placeholders.file_into(batch, spec.name)
     return spec, batch
 
 
@@ -198,9 +196,10 @@ def _modify_iterator(get_next, lookups):
     for k, old in enumerate(get_next.outputs):
         _rewire(old, new[_COMPONENT.format(k)])
     for lookup in lookups:
-        for field, placeholder in lookup.placeholders.items():
-            _rewire(placeholder, new[pipeline_key(lookup.spec.name, field)])
-        lookup.table.distinct_slot_tensors.add(new[pipeline_key(lookup.spec.name, "slots")].ref())
+        routing = FeatureRouting.read_from(new, lookup.spec.name)
+        for field in FeatureRouting.names():
+            _rewire(getattr(lookup.placeholders, field), getattr(routing, field))
+        lookup.table.distinct_slot_tensors.add(routing.slots.ref())
     return is_train, (None if one_shot else iterator.initializer)
 
 

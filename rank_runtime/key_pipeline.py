@@ -1,51 +1,75 @@
 """The key pipeline: what ``dataset.map(get_asc_insert_func(...))`` inserts into a dataset.
 
-For every batch and every FeatureSpec it adds five int32 tensors to the batch: the distinct local
-rows this rank gathers for its peers, the index that expands them to one row per received key,
-the send / receive splits of the row all-to-all, and the restore indices that put the returned
-rows in batch order. The work is one native call per batch (dedup,
-MPI all-to-all of the keys, index lookup; GIL released); nothing in Python touches single keys.
+For every batch and every FeatureSpec it adds the feature's routing (routing.py: the distinct
+local rows this rank gathers for its peers, the index that expands them to one row per received
+key, the receive splits of the row all-to-all, and the restore indices that put the returned rows
+in batch order) to the batch. The work is one native call per batch (dedup, MPI all-to-all of the
+keys, index lookup; GIL released); nothing in Python touches single keys.
 
-Every rank must see the same number of batches, or a collective waits for ever. A map function
-never learns that its input ended, so ``Dataset.map`` is wrapped to recognise an insert function
-and build, instead of a plain map: the data, then one end marker, then the key exchange, then
-``take_while``. A rank that reaches its marker tells the others inside the same exchange round,
-and every rank's dataset ends at that same batch. The map runs sequentially (no
-num_parallel_calls): rows are allocated in batch order and the collectives of all ranks match.
+Features are matched between ranks by name: each insert function hands its features to the
+native exchange sorted by name, and every batch's status round carries a signature of the
+feature list (names, tables, dims, key dtypes, send_count), so ranks that disagree stop at the
+first batch with an error naming the first difference instead of training the wrong rows.
+
+Every rank must see the same number of batches, or a collective waits (until the exchange's
+timeout). A map function never learns that its input ended, so ``Dataset.map`` is wrapped (by
+init(), process_hooks.py) to recognise an insert function and build, instead of a plain map: the
+data, then one end marker, then the key exchange, then ``take_while``. A rank that reaches its
+marker tells the others inside the same exchange round, and every rank's dataset ends at that same
+batch. The map runs sequentially (no num_parallel_calls): rows are allocated in batch order and
+the collectives of all ranks match.
+
+After an exchange error (an overflowing send_count, a full table, an id outside its key dtype,
+features that differ, a rank that did not arrive in time) the channel stops on every rank: each
+later batch of that channel raises the same error, on every rank, without a collective. A
+script that catches the error and goes on therefore stays in step; to train again, fix the cause
+and restart the job.
 """
-import functools
 import weakref
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.ops import dataset_ops
 
 from . import config
 from .feature_spec import FeatureSpec
-from .logs import get_logger
+from .logs import get_logger, warn_once
+from .routing import FeatureRouting
 from .validation import check_bool, check_type
 from .world import get_world
 
 log = get_logger("shardrec.pipeline")
 
-_PREFIX = "_shardrec"
-_FIELDS = ("slots", "expand", "send_splits", "recv_splits", "restore")
 
-
-def pipeline_key(feature_name, field):
-    return f"{_PREFIX}/{feature_name}/{field}"
+def channel_of(is_training):
+    return "train" if is_training else "eval"
 
 
 class _BatchKeyProcessor:
     """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
 
     def __init__(self, specs, channel, graph):
-        self.specs = specs
+        self.specs = specs  # sorted by name: the order every rank uses
         self.channel = channel
         # The graph the dataset was built in: the tables are looked up there when the first batch
         # runs (seed 001 builds the dataset before it creates the tables).
         self.graph = weakref.ref(graph)
         self.batches = 0
+        self._features = None
+
+    def _feature_set(self, cfg, graph):
+        if self._features is None:
+            import shardrec_native
+
+            state = cfg.graph_state(graph)
+            tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
+            send_counts = [0 if cfg.use_dynamic else state.send_counts.get((s.name, self.channel), 0)
+                           for s in self.specs]
+            lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
+                     f"send_count {c or 'dynamic'})" for s, t, c in zip(self.specs, tables, send_counts)]
+            self._features = shardrec_native.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
+                                                        send_counts, [t.key_dtype == tf.int32 for t in tables],
+                                                        "\n".join(lines))
+        return self._features
 
     def __call__(self, is_end, *key_arrays):
         cfg = config.get_config()
@@ -53,20 +77,22 @@ class _BatchKeyProcessor:
         if graph is None or not cfg.graph_state(graph).pipeline_started:
             raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
-        tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
-        send_counts = [0 if cfg.use_dynamic else t.send_counts[s.name] for t, s in zip(tables, self.specs)]
         exchange = get_world().exchanges[self.channel]
-        result = exchange.run([t.index for t in tables], list(key_arrays), send_counts, not bool(is_end))
+        result = exchange.run(self._feature_set(cfg, graph), list(key_arrays), not bool(is_end))
         if result is None:
-            log.info("%s data: %s after %d batches; every rank stops this pass at the same batch",
-                     self.channel, "this rank has no more" if is_end else "another rank ran out of data",
-                     self.batches)
+            ended = exchange.ranks_out_of_data
+            if self.batches == 0:
+                log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "
+                            "batches; give every rank data (a shard of the dataset each)", self.channel, ended)
+            else:
+                log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the "
+                         "same batch", self.channel, "this rank has no more" if is_end else "another rank ran out",
+                         self.batches, ended)
             self.batches = 0
             size = cfg.size
             empty = np.zeros(0, np.int32)
             return [np.True_] + [a for keys in key_arrays
-                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(size, np.int32),
-                                           np.zeros(np.size(keys), np.int32))]
+                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32))]
         self.batches += 1
         return [np.False_] + [a for outputs in result for a in outputs]
 
@@ -86,9 +112,11 @@ class InsertFunction:
     """What get_asc_insert_func returns; ``dataset.map`` recognises it (see the module doc)."""
 
     def __init__(self, specs, is_training):
-        self.specs = specs
-        self.channel = "train" if is_training else "eval"
-        self._processor = _BatchKeyProcessor(specs, self.channel, tf.compat.v1.get_default_graph())
+        self.specs = sorted(specs, key=lambda s: s.name)
+        self.channel = channel_of(is_training)
+        graph = tf.compat.v1.get_default_graph()
+        self._processor = _BatchKeyProcessor(self.specs, self.channel, graph)
+        config.get_config().graph_state(graph).insert_functions.append(self)
 
     def __call__(self, batch):
         raise TypeError("the function from get_asc_insert_func must be applied with dataset.map(insert_fn)")
@@ -109,20 +137,14 @@ class InsertFunction:
     def _exchange(self, batch, is_end):
         batch = dict(batch)
         keys = [batch[spec.index_key] for spec in self.specs]
-        width = len(_FIELDS)
+        width = len(FeatureRouting.names())
         outs = tf.numpy_function(self._processor, [is_end] + keys, [tf.bool] + [tf.int32] * (width * len(self.specs)),
                                  stateful=True, name="shardrec_key_exchange")
         stop = tf.reshape(outs[0], [])
         size = config.get_config().size
         for i, spec in enumerate(self.specs):
-            slots, expand, send_splits, recv_splits, restore = outs[1 + width * i:1 + width * (i + 1)]
-            slots.set_shape([None])
-            expand.set_shape([None])
-            send_splits.set_shape([size])
-            recv_splits.set_shape([size])
-            restore.set_shape([keys[i].shape.num_elements()])
-            for field, value in zip(_FIELDS, (slots, expand, send_splits, recv_splits, restore)):
-                batch[pipeline_key(spec.name, field)] = value
+            routing = FeatureRouting(*outs[1 + width * i:1 + width * (i + 1)])
+            routing.with_static_shapes(size, keys[i].shape.num_elements()).file_into(batch, spec.name)
         return batch, stop
 
     def apply(self, dataset, num_parallel_calls=None, deterministic=None, name=None):
@@ -135,26 +157,6 @@ class InsertFunction:
         processed = marked.map(self._exchange)
         processed = processed.take_while(lambda batch, stop: tf.logical_not(stop))
         return processed.map(lambda batch, stop: batch)
-
-
-def _wrap_map(cls):
-    original = cls.__dict__["map"]
-    if getattr(original, "_shardrec_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def map(self, map_func, *args, **kwargs):  # noqa: A001 - it is Dataset.map
-        if isinstance(map_func, InsertFunction):
-            out = map_func.apply(self, *args, **kwargs)
-            return dataset_ops.DatasetV1Adapter(out) if isinstance(self, dataset_ops.DatasetV1) else out
-        return original(self, map_func, *args, **kwargs)
-
-    map._shardrec_wrapped = True
-    cls.map = map
-
-
-_wrap_map(dataset_ops.DatasetV2)
-_wrap_map(dataset_ops.DatasetV1)
 
 
 def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwargs):
@@ -170,7 +172,7 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
     check_bool(owner, "dump_graph", dump_graph)
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
-    specs = [s for s in tgt_key_specs if not s.is_timestamp]
+    specs = list(tgt_key_specs)
     names = [s.name for s in specs]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -178,7 +180,8 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
     if not specs:
         raise ValueError(f"{owner}: tgt_key_specs holds no table feature")
     if dump_graph:
-        log.info("dump_graph=True: FeatureSpec mode does not rewrite the graph, nothing to dump")
+        warn_once("get_asc_insert_func(dump_graph=True) has no effect in FeatureSpec mode: shardrec does not rewrite "
+                  "the graph there; graph modification dumps it with modify_graph_and_start_emb_cache(dump_graph=True)")
     return InsertFunction(specs, is_training)
 
 
@@ -186,9 +189,11 @@ def start_asc_pipeline():
     """Freezes the table configuration and lets the datasets' key processing run."""
     cfg = config.get_config()
     state = cfg.graph_state()
-    if not cfg.use_dynamic:
-        for table in state.tables.values():
-            if table.lookup_count and not table.send_counts:
-                raise RuntimeError(f"table {table.table_name!r}: static shapes need a send_count from sparse_lookup")
+    for insert in state.insert_functions:
+        for spec in insert.specs:
+            if spec.table_name not in state.tables:
+                known = ", ".join(sorted(state.tables)) or "none"
+                raise KeyError(f"start_asc_pipeline: feature {spec.name!r} names table {spec.table_name!r}, which "
+                               f"does not exist in this graph; tables created so far: {known}")
     state.pipeline_started = True
     log.info("key pipeline started for %d table(s)", len(state.tables))

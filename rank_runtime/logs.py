@@ -28,3 +28,13 @@ def get_logger(name):
         root.setLevel(os.environ.get("SHARDREC_LOG_LEVEL", "INFO").upper())
         root.propagate = False
     return logger
+
+
+_warned = set()
+
+
+def warn_once(message, logger="shardrec"):
+    """Logs `message` as a warning the first time only (a parameter with no effect, say)."""
+    if message not in _warned:
+        _warned.add(message)
+        get_logger(logger).warning(message)

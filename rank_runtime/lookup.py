@@ -4,24 +4,58 @@ import tensorflow as tf
 from . import config
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
-from .key_pipeline import pipeline_key
+from .key_pipeline import channel_of
+from .routing import FeatureRouting
 from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 
 _OWNER = "sparse_lookup"
 
 
-def _check_batch(spec, batch):
+def _routing(spec, batch):
     if batch is None:
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
                          "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
     check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
-    for field in ("slots", "expand", "send_splits", "recv_splits", "restore"):
-        if pipeline_key(spec.name, field) not in batch:
-            raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
-                             "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
+    routing = FeatureRouting.read_from(batch, spec.name)
+    if routing is None:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
+                         "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
     if spec.index_key not in batch:
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: batch has no ids under {spec.index_key!r}")
+    return routing
+
+
+def _one_spec(ids):
+    """Seed 003 passes its list of FeatureSpecs; the Rec SDK's lookup takes one."""
+    if isinstance(ids, (list, tuple)) and all(isinstance(s, FeatureSpec) for s in ids):
+        if len(ids) != 1:
+            raise ValueError(f"{_OWNER}: 'ids' is a list of {len(ids)} FeatureSpecs "
+                             f"({', '.join(repr(s.name) for s in ids)}); a lookup takes one: call sparse_lookup "
+                             "once per FeatureSpec")
+        return ids[0]
+    return ids
+
+
+def _check_thresholds(spec, access_and_evict_config):
+    """In FeatureSpec mode the spec's thresholds govern; a config dict must say the same."""
+    for key in ("access_threshold", "eviction_threshold"):
+        given = access_and_evict_config.get(key)
+        on_spec = getattr(spec, key)
+        # None and -1 both mean "off".
+        if (-1 if given is None else given) != (-1 if on_spec is None else on_spec):
+            raise ValueError(f"{_OWNER}: access_and_evict_config[{key!r}] = {given} disagrees with FeatureSpec "
+                             f"{spec.name!r}'s {key} = {on_spec}; in FeatureSpec mode the FeatureSpec's thresholds "
+                             "govern: make them agree, or leave access_and_evict_config out")
+
+
+def _register_send_count(state, spec, is_train, send_count):
+    key = (spec.name, channel_of(is_train))
+    known = state.send_counts.setdefault(key, send_count)
+    if known != send_count:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} ({key[1]}) is already looked up with send_count={known}; "
+                         f"a second lookup of it asks for send_count={send_count}; one feature has one send_count "
+                         "per channel")
 
 
 def _rows_to_requesters(rows, recv_splits, dim, static_rows):
@@ -65,9 +99,9 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         if unknown:
             raise ValueError(f"{_OWNER}: access_and_evict_config has unknown key(s) {sorted(unknown)}; "
                              "allowed: 'access_threshold', 'eviction_threshold'")
-        if not modify_graph:
-            raise ValueError(f"{_OWNER}: access_and_evict_config is for modify_graph=True; "
-                             "in FeatureSpec mode set access_threshold / eviction_threshold on the FeatureSpec")
+        for key in ("access_threshold", "eviction_threshold"):
+            if access_and_evict_config.get(key) is not None:
+                check_int(_OWNER, f"access_and_evict_config[{key!r}]", access_and_evict_config[key], -1, INT32_MAX)
     if kwargs:
         raise TypeError(f"{_OWNER}: unknown parameter(s) {sorted(kwargs)}")
     if hashtable.lookup_count >= MAX_LOOKUPS_PER_TABLE:
@@ -80,17 +114,19 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     if modify_graph:
         ids, batch = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
     else:
+        ids = _one_spec(ids)
         check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
         if ids.table_name != hashtable.table_name:
             raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
                              f"not to {hashtable.table_name!r}")
-        _check_batch(ids, batch)
-    hashtable.lookup_count += 1
+        if access_and_evict_config is not None:
+            _check_thresholds(ids, access_and_evict_config)
+    routing = _routing(ids, batch)
     if send_count is not None:
-        hashtable.send_counts[ids.name] = send_count
+        _register_send_count(cfg.graph_state(), ids, is_train, send_count)
+    hashtable.lookup_count += 1
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
-        slots = batch[pipeline_key(ids.name, "slots")]
-        restore = batch[pipeline_key(ids.name, "restore")]
+        slots, restore = routing.slots, routing.restore
         # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
         # the sparse optimizers update those rows only, with no dedup of their own. The expand
         # gather's gradient sums the gradients of a row asked for by several ranks.
@@ -105,11 +141,11 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
             rows = tf.concat([rows, missing], axis=1)
             width += 1
         if cfg.size > 1 or not cfg.use_dynamic:
-            rows = tf.gather(rows, batch[pipeline_key(ids.name, "expand")])
+            rows = tf.gather(rows, routing.expand)
         if not cfg.use_dynamic:
             rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
         if cfg.size > 1:
-            rows = _rows_to_requesters(rows, batch[pipeline_key(ids.name, "recv_splits")], width,
+            rows = _rows_to_requesters(rows, routing.recv_splits, width,
                                        None if cfg.use_dynamic else send_count * cfg.size)
         emb = tf.gather(rows, restore)
         if serving_default_value is not None:

@@ -1,7 +1,7 @@
 """tf.compat.v1.train.Saver that carries the sparse tables (seed 001's save / restore loop).
 
-Importing rank_runtime replaces ``tf.compat.v1.train.Saver`` (and the class the Estimator's
-Scaffold uses) with this subclass. Dense variables go through TensorFlow's own checkpoint as
+init() replaces ``tf.compat.v1.train.Saver`` (and the class the Estimator's Scaffold uses) with
+this subclass (process_hooks.py). Dense variables go through TensorFlow's own checkpoint as
 before; table variables and their optimizer slots are left out of it (they are capacity-sized
 and rank-specific) and written instead as this rank's shard (sparse_checkpoint.py): the keys the
 rank holds, in row order, with their rows of values and of every slot. The shard is written before
@@ -36,13 +36,49 @@ from tensorflow.python.training import training_util
 
 from . import config
 from .logs import get_logger
-from .sparse_checkpoint import CheckpointError, needed_shards, read_array, read_manifest, sparse_dir, write_shard
+from .sparse_checkpoint import (CheckpointError, needed_shards, read_array, read_manifest, shard_name, sparse_dir,
+                                write_shard)
 from .world import get_world
 
 log = get_logger("shardrec.saver")
 
 _TFSaver = saver_lib.Saver
 SAVE_SYNC_S = 120
+
+
+def rank_state_filename(rank):
+    """The state file (TensorFlow's `checkpoint`) of a rank that saves under a path of its own."""
+    return f"checkpoint.rank-{rank}"
+
+
+class _Attempt:
+    def __init__(self, value, error):
+        self.value, self.error = value, error
+
+
+def _attempt(fn):
+    try:
+        return _Attempt(fn(), None)
+    except (CheckpointError, OSError, ValueError, tf.errors.OpError) as e:
+        return _Attempt(None, e)
+
+
+def _agree(what, attempt, consequence):
+    """Every rank learns whether every rank's attempt succeeded; if any failed, every rank raises
+    a CheckpointError naming each failing rank and its error."""
+    cfg = config.get_config()
+    if cfg.size == 1:
+        if attempt.error is not None:
+            raise attempt.error
+        return
+    world = get_world()
+    failed = world.gather_from_ranks(int(attempt.error is not None), what, timeout=SAVE_SYNC_S)
+    if not any(failed):
+        return
+    texts = world.gather_texts("" if attempt.error is None else str(attempt.error), what, timeout=SAVE_SYNC_S)
+    reasons = "; ".join(f"rank {r}: {text}" for r, text in enumerate(texts) if failed[r])
+    raise CheckpointError(f"{what} failed on rank(s) {[r for r, f in enumerate(failed) if f]} ({reasons}); "
+                          f"{consequence}") from attempt.error
 
 
 class _TableCheckpointOps:
@@ -72,6 +108,15 @@ def _checkpoint_ops(table):
         table._checkpoint_ops = _TableCheckpointOps(table)
         table._checkpoint_ops_key = key
     return table._checkpoint_ops
+
+
+def read_table_rows(sess, table):
+    """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order. Keys are
+    taken under the index's lock with their rows, which no step changes while this runs."""
+    keys, rows_at = table.index.export()
+    ops = _checkpoint_ops(table)
+    arrays = sess.run(ops.read, feed_dict={ops.rows_at: rows_at})
+    return {"keys": keys, **arrays}
 
 
 def _without_tables(var_list, excluded):
@@ -107,57 +152,79 @@ class Saver(_TFSaver):
 
     def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
              write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
-        if self._tables:
-            step = None
-            path = save_path
-            if global_step is not None:
-                step = int(global_step if isinstance(global_step, (int, np.integer))
-                           else training_util.global_step(sess, global_step))
-                path = "%s-%d" % (save_path, step)
-            shared = self._save_tables(sess, path, step) and config.get_config().size > 1
-            if shared and config.get_config().rank != 0:
-                # One path for all ranks: rank 0 writes the dense part (equal on every rank) and
-                # the `checkpoint` file, the others their table shards only; every rank returns
-                # once the checkpoint is committed, so that what follows (an evaluation of the
-                # latest checkpoint, say) sees it.
-                self._wait_for_commit(path)
-                return path
-        result = super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename,
-                              meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
-                              write_state=write_state, strip_default_attrs=strip_default_attrs,
-                              save_debug_info=save_debug_info)
-        if self._tables and shared:
-            self._wait_for_commit(path)
-        return result
+        def dense_save(latest):
+            return super(Saver, self).save(sess, save_path, global_step=global_step, latest_filename=latest,
+                                           meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
+                                           write_state=write_state, strip_default_attrs=strip_default_attrs,
+                                           save_debug_info=save_debug_info)
 
-    @staticmethod
-    def _wait_for_commit(path):
-        get_world().gather_from_ranks(0, f"Saver.save({path!r}): rank 0 writing the dense part", timeout=SAVE_SYNC_S)
+        if not self._tables:
+            return dense_save(latest_filename)
+        cfg = config.get_config()
+        step = None
+        path = save_path
+        if global_step is not None:
+            step = int(global_step if isinstance(global_step, (int, np.integer))
+                       else training_util.global_step(sess, global_step))
+            path = "%s-%d" % (save_path, step)
+        shared = self._shared_path(path)
+        if not shared and latest_filename is None:
+            # Ranks that save under paths of their own keep state files of their own too, so that
+            # each rank's latest_checkpoint names its own latest (get_checkpoint_state reads it).
+            latest_filename = rank_state_filename(cfg.rank)
+        self._recover_earlier(os.path.dirname(os.path.abspath(save_path)), latest_filename)
+        # 1. Every rank commits its shard; 2. every rank learns whether all did; 3. only then is
+        # the dense part written and the checkpoint listed in the state file, so a save that dies
+        # or fails on any rank never becomes the latest checkpoint.
+        shard = _attempt(lambda: self._save_tables(sess, path, step, shared))
+        _agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
+        self._forget_old(shard.value)
+        if shared and cfg.size > 1:
+            # One path for all ranks: rank 0 writes the dense part (equal on every rank) and the
+            # state file; every rank returns once that is done, so what follows (an evaluation of
+            # the latest checkpoint, say) sees it.
+            result = _attempt(lambda: dense_save(latest_filename)) if cfg.rank == 0 else _Attempt(path, None)
+            _agree(f"Saver.save({path!r}): rank 0 writing the dense part", result,
+                   "the table shards are written but the checkpoint is not listed; the previous one stays the latest")
+            return result.value
+        return dense_save(latest_filename)
+
+    def _recover_earlier(self, directory, latest_filename):
+        """Lists the complete checkpoints of earlier processes in the state file again, as the
+        Estimator does, instead of replacing them by this process's first save."""
+        if self.last_checkpoints or getattr(self, "_recovered", False):
+            return
+        self._recovered = True
+        state = _tf_get_checkpoint_state(directory, latest_filename)
+        if state is None:
+            return
+        cfg = config.get_config()
+        earlier = [p for p in state.all_model_checkpoint_paths if _restorable(p, cfg)]
+        self.recover_last_checkpoints(earlier)
+        self._sparse_saved = [os.path.join(sparse_dir(p), shard_name(cfg.rank, cfg.size)) for p in earlier
+                              if os.path.isdir(os.path.join(sparse_dir(p), shard_name(cfg.rank, cfg.size)))]
 
     def restore(self, sess, save_path):
         if self._tables and save_path is not None:
-            # Everything is read and checked before anything is written into the session.
-            shards = _read_tables(save_path, self._tables)
+            # Every rank reads and checks its part, then all agree: every rank loads, or none does.
+            shards = _attempt(lambda: _read_tables(save_path, self._tables, check_dense=True))
+            _agree(f"Saver.restore({save_path!r})", shards, "nothing was loaded on any rank")
         super().restore(sess, save_path)
         if self._tables and save_path is not None:
-            _apply_tables(sess, self._tables, shards)
+            _apply_tables(sess, self._tables, shards.value)
 
-    def _save_tables(self, sess, path, step):
-        """Writes this rank's shard; returns whether every rank saves under this same path."""
+    def _save_tables(self, sess, path, step, shared):
+        """Writes and commits this rank's shard; returns its directory."""
         cfg = config.get_config()
         tables = {}
         for table in self._tables:
-            keys, rows_at = table.index.export()
-            ops = _checkpoint_ops(table)
-            arrays = sess.run(ops.read, feed_dict={ops.rows_at: rows_at})
-            tables[table.table_name] = {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
+            arrays = read_table_rows(sess, table)
+            tables[table.table_name] = {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": arrays.pop("keys"),
                                         "optimizers": sorted(table.optimizers), "arrays": arrays}
-        shared = self._shared_path(path)
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared)
         log.info("saved this rank's shard of %d table(s) (%s keys) to %s", len(tables),
                  "+".join(str(len(t["keys"])) for t in tables.values()), shard)
-        self._forget_old(shard)
-        return shared
+        return shard
 
     @staticmethod
     def _shared_path(path):
@@ -201,10 +268,13 @@ def _check_layout(manifest_path, table, entry, values_only):
                               + "; restore it into a graph with the same table and optimizer")
 
 
-def _read_tables(save_path, tables, values_only=False):
+def _read_tables(save_path, tables, values_only=False, check_dense=False):
     """{table name: (keys, {array name: rows})} of the keys this rank owns, read and verified.
-    values_only (warm start): the rows of values alone; optimizer slots start afresh."""
+    values_only (warm start): the rows of values alone; optimizer slots start afresh.
+    check_dense: also check that the dense part of the checkpoint is there."""
     cfg = config.get_config()
+    if check_dense and not checkpoint_management.checkpoint_exists_internal(save_path):
+        raise CheckpointError(f"{save_path}: the dense part of the checkpoint ({save_path}.index) is missing")
     shards, saved_size = needed_shards(sparse_dir(save_path), cfg.rank, cfg.size)
     needed = sorted(shards)
     manifests = {r: read_manifest(shards[r]) for r in needed}
@@ -230,6 +300,10 @@ def _read_tables(save_path, tables, values_only=False):
             part = loaded[(table.table_name, r, "keys")].astype(np.int64, copy=False)
             mine = np.mod(part, cfg.size) == cfg.rank if saved_size != cfg.size else slice(None)
             keys.append(part[mine])
+            entry = manifests[r]["tables"][table.table_name]
+            if len(part) != entry.get("rows"):
+                raise CheckpointError(f"{shards[r]}/{table.table_name}/keys.npy: {len(part)} keys, but the manifest "
+                                      f"says rows = {entry.get('rows')}")
             for name in ["values"] + ([] if values_only else sorted(table.slots)):
                 rows = loaded[(table.table_name, r, name)]
                 if rows.shape != (len(part), table.dim):
@@ -290,6 +364,10 @@ def get_checkpoint_state(checkpoint_dir, latest_filename=None):
     shards were all committed: rank 0 records a checkpoint before the other ranks may have
     finished theirs (or after one of them died saving). latest_checkpoint and the Estimator's and
     MonitoredSession's restore go through here."""
+    if latest_filename is None and config.is_initialized():
+        own = rank_state_filename(config.get_config().rank)
+        if os.path.exists(os.path.join(checkpoint_dir, own)):
+            latest_filename = own
     state = _tf_get_checkpoint_state(checkpoint_dir, latest_filename)
     if state is None or not config.is_initialized():
         return state
@@ -309,7 +387,10 @@ def get_checkpoint_state(checkpoint_dir, latest_filename=None):
 
 
 _tf_get_checkpoint_state = checkpoint_management.get_checkpoint_state
-checkpoint_management.get_checkpoint_state = get_checkpoint_state
-tf.train.get_checkpoint_state = tf.compat.v1.train.get_checkpoint_state = get_checkpoint_state
-saver_lib.Saver = Saver
-tf.compat.v1.train.Saver = Saver
+
+
+def set_tf_get_checkpoint_state(function):
+    """TensorFlow's own get_checkpoint_state, kept when init() installs this module's in its place."""
+    global _tf_get_checkpoint_state
+    if function is not get_checkpoint_state:
+        _tf_get_checkpoint_state = function

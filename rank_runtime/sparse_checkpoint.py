@@ -11,6 +11,10 @@ read with allow_pickle=False: nothing in a checkpoint can execute.
 
 A checkpoint of n ranks restores into any number of ranks: each rank keeps the keys it owns
 under the new world size (owner = key mod world size, as in the key exchange).
+
+This module is the one description of the format: the Saver writes and reads through it, and
+the supervisor's tools (orchestrator/checkpoints.py, shardrec-ckpt) read through it. It imports
+no TensorFlow.
 """
 import io
 import json
@@ -28,7 +32,9 @@ log = get_logger("shardrec.checkpoint")
 FORMAT = "shardrec-sparse-shard"
 VERSION = 1
 MANIFEST = "MANIFEST.json"
-_SHARD_RE = re.compile(r"^rank-(\d+)-of-(\d+)$")
+SHARD_RE = re.compile(r"rank-(\d+)-of-(\d+)")
+SPARSE_RE = re.compile(r"sparse-(.+)")
+_CHUNK = 64 * 2**20
 
 
 class CheckpointError(ValueError):
@@ -121,7 +127,7 @@ def read_manifest(shard_dir):
         raise CheckpointError(f"{path}: not a valid manifest ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise CheckpointError(f"{path}: not a {FORMAT} manifest of version {VERSION}")
-    m = _SHARD_RE.match(os.path.basename(os.path.normpath(shard_dir)))
+    m = SHARD_RE.fullmatch(os.path.basename(os.path.normpath(shard_dir)))
     if not m or (int(m.group(1)), int(m.group(2))) != (manifest.get("rank"), manifest.get("world_size")):
         raise CheckpointError(f"{path}: says rank {manifest.get('rank')} of {manifest.get('world_size')}, "
                               f"but lies in {os.path.basename(shard_dir)!r}")
@@ -135,7 +141,7 @@ def find_shards(root):
         raise CheckpointError(f"{root}: no sparse checkpoint here (the directory does not exist)")
     shards, sizes = {}, set()
     for entry in sorted(os.listdir(root)):
-        m = _SHARD_RE.match(entry)
+        m = SHARD_RE.fullmatch(entry)
         if m and os.path.exists(os.path.join(root, entry, MANIFEST)):
             shards[int(m.group(1))] = os.path.join(root, entry)
             sizes.add(int(m.group(2)))
@@ -167,17 +173,64 @@ def needed_shards(root, rank, size):
     return {r: shards[r] for r in needed}, saved_size
 
 
-def read_array(shard_dir, entry, what):
-    """Reads one array of a shard and checks it against its manifest entry."""
-    path = os.path.normpath(os.path.join(shard_dir, entry["file"]))
+def _file_of(shard_dir, entry, what):
+    """The path of a manifest's file entry, which must lie in a table folder of the shard."""
+    path = os.path.normpath(os.path.join(shard_dir, str(entry.get("file"))))
     if os.path.dirname(os.path.dirname(path)) != os.path.normpath(shard_dir):
-        raise CheckpointError(f"{shard_dir}/{MANIFEST}: file {entry['file']!r} of {what} lies outside the shard")
+        raise CheckpointError(f"{shard_dir}/{MANIFEST}: file {entry.get('file')!r} of {what} lies outside the shard")
+    return path
+
+
+def _checked_size(path, entry, what):
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({what})") from None
-    if size != entry["bytes"]:
-        raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry['bytes']} ({what}; truncated or replaced)")
+    if size != entry.get("bytes"):
+        raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry.get('bytes')} ({what}; truncated or "
+                              "replaced)")
+    return size
+
+
+def verify_shard(shard_dir, checksums=True):
+    """(the manifest or None, the list of problems) of one committed shard, reading each file in
+    chunks: sizes, CRC-32s (unless checksums=False), and row counts that agree with `rows`."""
+    try:
+        manifest = read_manifest(shard_dir)
+    except CheckpointError as e:
+        return None, [str(e)]
+    problems = []
+    for table, entry in sorted(manifest.get("tables", {}).items()):
+        rows = entry.get("rows")
+        for name, item in sorted(entry.get("files", {}).items()):
+            what = f"table {table!r} {name}"
+            try:
+                path = _file_of(shard_dir, item, what)
+                _checked_size(path, item, what)
+                if checksums and _crc_of(path) != item.get("crc32"):
+                    raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
+                if not item.get("shape") or item["shape"][0] != rows:
+                    raise CheckpointError(f"{path}: holds {item.get('shape')} rows, but the manifest says rows = "
+                                          f"{rows} for table {table!r}")
+            except CheckpointError as e:
+                problems.append(str(e))
+    return manifest, problems
+
+
+def _crc_of(path):
+    crc = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                return crc
+            crc = zlib.crc32(chunk, crc)
+
+
+def read_array(shard_dir, entry, what):
+    """Reads one array of a shard and checks it against its manifest entry."""
+    path = _file_of(shard_dir, entry, what)
+    size = _checked_size(path, entry, what)
     buf = bytearray(size)
     with open(path, "rb") as f:
         f.readinto(buf)

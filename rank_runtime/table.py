@@ -5,14 +5,12 @@ that maps keys to rows. The extra last row is the sentinel: it stays zero and is
 no row (unknown at evaluation, padding in static shapes) reads.
 """
 import math
-import os
 import re
 
-import shardrec_native
 import tensorflow as tf
 
 from . import config
-from .logs import get_logger
+from .logs import get_logger, warn_once
 from .validation import check_choice, check_int, check_number, check_type
 from .world import get_world
 
@@ -22,7 +20,7 @@ SPARSE_TABLES_COLLECTION = "SHARDREC_SPARSE_TABLES"
 # Optimizer slot variables of tables (Adam's m and v, ...): saved with their table, per rank.
 SPARSE_SLOTS_COLLECTION = "SHARDREC_SPARSE_SLOTS"
 MAX_LOOKUPS_PER_TABLE = 128
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,100}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.]{1,100}")
 _GRADIENT_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
 
 
@@ -38,10 +36,10 @@ class EmbeddingTable:
         self.is_save = is_save
         self.init_param = init_param
         self.all2all_gradients_op = all2all_gradients_op
+        import shardrec_native  # links MPI: imported once init() has started it
+
         self.index = shardrec_native.EmbeddingIndex(name, capacity)
         self.lookup_count = 0
-        # send_count per feature, registered by sparse_lookup and read by the key pipeline.
-        self.send_counts = {}
         # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
         self.distinct_slot_tensors = set()
         self.graph = tf.compat.v1.get_default_graph()
@@ -52,7 +50,7 @@ class EmbeddingTable:
         self.optimizers = set()
 
     def register_slot(self, name, variable):
-        if not _NAME_RE.match(name) or ".." in name:
+        if not _NAME_RE.fullmatch(name) or ".." in name:
             raise ValueError(f"table {self.table_name!r}: optimizer slot {name!r} cannot name a checkpoint file; "
                              "optimizer names may use letters, digits, '_' and '.'")
         if self.slots.get(name, variable) is not variable:
@@ -112,6 +110,14 @@ class EmbeddingTable:
         c["row_bytes_received"] = 4 * self.dim * c["keys_sent"]
         return c
 
+    def export(self, sess):
+        """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}
+        as numpy arrays, rows aligned with keys, in row order. Every rank calls it for its own shard
+        (no collective); shardrec-ckpt export gathers all ranks' rows from a checkpoint."""
+        from .saver import read_table_rows
+
+        return read_table_rows(sess, self)
+
     def __repr__(self):
         return f"EmbeddingTable({self.table_name!r}, dim={self.dim}, size={self.size()}, capacity={self.capacity()})"
 
@@ -136,16 +142,17 @@ def _dim(value):
 
 def check_table_name(owner, name):
     check_type(owner, "name", name, str, "a string")
-    if not _NAME_RE.match(name) or ".." in name or set(name) == {"."}:
+    if not _NAME_RE.fullmatch(name) or ".." in name or set(name) == {"."}:
         raise ValueError(f"{owner}: parameter 'name' = {name!r} is not allowed; allowed: 1 to 100 characters "
                          "of letters, digits, '_' and '.', not '..'")
     return name
 
 
 def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1, host_vocabulary_size=0,
-                 ssd_vocabulary_size=0, ssd_data_path=(os.getcwd(),), is_save=True, init_param=1.0,
+                 ssd_vocabulary_size=0, ssd_data_path=None, is_save=True, init_param=1.0,
                  all2all_gradients_op="sum_gradients", value_dtype=tf.float32, shard_num=1, **kwargs):
-    """Creates a sparse table sharded over the ranks; see API.md for every parameter's range."""
+    """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
+    out-of-range value raises naming the parameter, its value and what is allowed."""
     owner = "create_table"
     cfg = config.get_config()
     key_dtype = _key_dtype(key_dtype)
@@ -163,11 +170,15 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     if host_vocabulary_size > 0 and cfg.use_dynamic_expansion:
         raise ValueError(f"{owner}: host_vocabulary_size > 0 and dynamic expansion (init(use_dynamic_expansion=True)) "
                          "cannot be used together")
-    if isinstance(ssd_data_path, str):
-        ssd_data_path = (ssd_data_path,)
-    check_type(owner, "ssd_data_path", ssd_data_path, (list, tuple), "a list of directory paths")
-    for p in ssd_data_path:
-        check_type(owner, "ssd_data_path", p, str, "a list of directory paths")
+    if ssd_data_path is not None:
+        # The Rec SDK's default is (cwd,); a path given explicitly means the SSD tier is intended.
+        paths = (ssd_data_path,) if isinstance(ssd_data_path, str) else ssd_data_path
+        check_type(owner, "ssd_data_path", paths, (list, tuple), "a list of directory paths")
+        for p in paths:
+            check_type(owner, "ssd_data_path", p, str, "a list of directory paths")
+        if ssd_vocabulary_size == 0:
+            warn_once(f"create_table({name!r}): ssd_data_path has no effect with ssd_vocabulary_size=0 (no SSD tier)",
+                      "shardrec.table")
     check_type(owner, "is_save", is_save, bool, "a bool")
     init_param = check_number(owner, "init_param", init_param, -10, 10)
     check_choice(owner, "all2all_gradients_op", all2all_gradients_op, _GRADIENT_OPS)

@@ -1,23 +1,47 @@
 """The rank layout and the communicators: MPI through mpi4py, Horovod on the same world, and a
 duplicated communicator per key-exchange channel so the native all-to-alls never meet Horovod's
-collectives or each other."""
+collectives or each other.
+
+MPI starts here, in init(), and not when a module is imported (importing mpi4py.MPI, or the
+native module that links it, starts MPI). From that moment an uncaught error or a non-zero exit
+on any rank ends the whole job at once, naming the rank and its status (process_hooks.py).
+"""
 import os
-import sys
 import time
-import traceback
 
 import numpy as np
-import shardrec_native
-from mpi4py import MPI
 
+from . import process_hooks
 from .logs import get_logger, set_rank
 
 log = get_logger("shardrec.world")
 CHANNELS = ("train", "eval")
+# Every round of the key exchange waits at most this long for the other ranks (seconds).
+EXCHANGE_TIMEOUT_ENV = "SHARDREC_EXCHANGE_TIMEOUT_S"
+DEFAULT_EXCHANGE_TIMEOUT_S = 600.0
+
+
+def exchange_timeout_s():
+    text = os.environ.get(EXCHANGE_TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_EXCHANGE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{EXCHANGE_TIMEOUT_ENV}={text!r} is not allowed; allowed: a number of seconds > 0 "
+                         f"(default {DEFAULT_EXCHANGE_TIMEOUT_S:.0f})")
+    return value
 
 
 class World:
     def __init__(self):
+        timeout = exchange_timeout_s()
+        from mpi4py import MPI
+
+        import shardrec_native
+
         comm = MPI.COMM_WORLD
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -25,7 +49,9 @@ class World:
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
         node.Free()
-        _share_cores(self.local_size)
+        if self.size > 1:
+            process_hooks.end_job_on_failure(comm)
+        process_hooks.share_cores(self.local_size, timeout)
         import horovod.tensorflow as hvd
 
         if not hvd.is_initialized():
@@ -36,18 +62,23 @@ class World:
         # Each exchange lives on a communicator of its own; creating them is collective, and
         # every rank runs init() at the same point of the same script.
         self._comms = {name: comm.Dup() for name in CHANNELS}
-        self.exchanges = {name: shardrec_native.KeyExchange(self._comms[name], name, name == "train")
+        self.exchanges = {name: shardrec_native.KeyExchange(self._comms[name], name, name == "train", timeout)
                           for name in CHANNELS}
         self._helper = comm.Dup()
         self._helper_broken = None
-        if self.size > 1:
-            _abort_on_uncaught_exception(comm)
+        self._mpi = MPI
+
+    def restart_channels(self):
+        """A channel stopped by an error runs again under a new configuration (every rank calls
+        init() at the same point); one whose round timed out stays stopped."""
+        for exchange in self.exchanges.values():
+            exchange.restart()
 
     def sum_over_ranks(self, value, what, timeout=60.0):
         """Sum of an int over all ranks. Every rank must call it at the same point; a lone caller
         gets an error after `timeout` seconds instead of hanging the job."""
         recv = np.zeros(1, np.int64)
-        self._wait(lambda: self._helper.Iallreduce(np.array([value], np.int64), recv, op=MPI.SUM), what, timeout)
+        self._wait(lambda: self._helper.Iallreduce(np.array([value], np.int64), recv, op=self._mpi.SUM), what, timeout)
         return int(recv[0])
 
     def gather_from_ranks(self, value, what, timeout=60.0):
@@ -55,6 +86,17 @@ class World:
         recv = np.zeros(self.size, np.int64)
         self._wait(lambda: self._helper.Iallgather(np.array([value], np.int64), recv), what, timeout)
         return recv.tolist()
+
+    def gather_texts(self, text, what, timeout=60.0):
+        """Every rank's string, by rank (collective, as sum_over_ranks): used to tell every rank
+        what went wrong on each."""
+        data = text.encode()
+        lengths = self.gather_from_ranks(len(data), what, timeout)
+        recv = bytearray(sum(lengths))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+        self._wait(lambda: self._helper.Iallgatherv(data, [recv, lengths, offsets[:-1].tolist(), self._mpi.BYTE]),
+                   what, timeout)
+        return [bytes(recv[offsets[r]:offsets[r + 1]]).decode() for r in range(self.size)]
 
     def _wait(self, start, what, timeout):
         if self._helper_broken:
@@ -68,43 +110,6 @@ class World:
                 raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
                                    "call it together (at the same point of the script)")
             time.sleep(0.001)
-
-
-def _share_cores(local_size):
-    """Defaults for ranks that share a host: TensorFlow sizes its thread pools for every core of
-    the machine, and N ranks doing so fight over the cores (measured in bench/: 2 ranks on 2 cores
-    went from 3.4M to 4.6M ids/s). Horovod's negotiation cycle is shortened for the same reason:
-    each step waits on two row all-to-alls. Values the user set are kept; TensorFlow reads these
-    when its first session starts, so init() must come before it."""
-    if local_size <= 1:
-        return
-    import psutil
-
-    cores = len(psutil.Process().cpu_affinity())
-    per_rank = str(max(1, cores // local_size))
-    defaults = {"TF_NUM_INTRAOP_THREADS": per_rank, "TF_NUM_INTEROP_THREADS": per_rank, "HOROVOD_CYCLE_TIME": "0.2"}
-    applied = {k: v for k, v in defaults.items() if k not in os.environ}
-    os.environ.update(applied)
-    if applied:
-        log.info("%d ranks share this host's %d cores: %s", local_size, cores,
-                 " ".join(f"{k}={v}" for k, v in applied.items()))
-
-
-def _abort_on_uncaught_exception(comm):
-    """An uncaught error on one rank ends the whole job at once: the other ranks would otherwise
-    wait in their next collective for ever."""
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        rank = comm.Get_rank()
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"[rank {rank}/{comm.Get_size()}] uncaught error, aborting the job:\n{text}")
-        sys.stderr.flush()
-        if issubclass(exc_type, KeyboardInterrupt):
-            previous(exc_type, exc, tb)
-        comm.Abort(1)
-
-    sys.excepthook = hook
 
 
 _world = None

@@ -6,11 +6,12 @@ import sys
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_jobs")
 
 
-def mpiexec(nprocs, job, *args, timeout=300, cwd=None):
-    """Runs `job` (a path, or a file name in tests/mpi_jobs) on `nprocs` ranks; returns the CompletedProcess."""
+def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None):
+    """Runs `job` (a path, or a file name in tests/mpi_jobs) on `nprocs` ranks; returns the CompletedProcess.
+    `env`: variables added to this process's environment."""
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [launcher, "--oversubscribe", "-np", str(nprocs), sys.executable, os.path.join(JOBS, job) if not os.path.isabs(job) else job, *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 

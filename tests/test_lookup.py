@@ -39,8 +39,8 @@ def test_rows_follow_first_seen_order_across_tables_and_features(graph, key_dtyp
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         results = run_all(sess, iterator, [out_user, out_item, out_other])
-    # Within a batch the shared table sees "user" then "item".
-    stream = np.concatenate([np.concatenate([user[i:i + 8].ravel(), item[i:i + 8]]) for i in range(0, 40, 8)])
+    # Within a batch the shared table sees its features in name order: "item" then "user".
+    stream = np.concatenate([np.concatenate([item[i:i + 8], user[i:i + 8].ravel()]) for i in range(0, 40, 8)])
     rank_shared = first_seen_rank(stream)
     rank_second = first_seen_rank(other.ravel())
     got_user = np.concatenate([r[0] for r in results])
@@ -121,7 +121,7 @@ def _run_one_feature(ids, batch_size, capacity, start_pipeline=True):
 
 
 def test_full_table_error_reaches_the_session(graph):
-    with pytest.raises(tf.errors.OpError, match=r"'tiny'.*full \(8 rows"):
+    with pytest.raises(tf.errors.OpError, match=r"table 'tiny' is full on rank 0 \(8 rows per rank.*raise the table's device_vocabulary_size"):
         _run_one_feature(np.arange(20).reshape(10, 2), 5, 8)
 
 

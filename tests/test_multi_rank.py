@@ -66,7 +66,7 @@ def test_uneven_data_stops_every_rank_at_the_same_step():
         # Rank 0 has the fewest batches: 6 for training, 2 for evaluation.
         assert int(steps) == (6 if name == "train" else 2), stops
         assert float(seconds) < 30
-    assert "train data: another rank ran out of data after 6 batches" in proc.stderr
+    assert "train data: another rank ran out after 6 batches (rank(s) [0] ran out)" in proc.stderr
     assert "[rank 0/3]" in proc.stderr and "this rank has no more" in proc.stderr
 
 

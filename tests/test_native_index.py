@@ -72,41 +72,67 @@ def test_eval_lookup_never_allocates_and_reads_sentinel():
     assert index.counters()["missed"] == 2
 
 
+def one_feature(index, send_count=0, int32_keys=False, name="f"):
+    return native.FeatureSet([name], [index], [send_count], [int32_keys], f"feature {name}")
+
+
+def new_exchange(channel="train", allocate=True, timeout_s=30.0):
+    return native.KeyExchange(MPI.COMM_SELF.Dup(), channel, allocate, timeout_s)
+
+
 def test_single_rank_exchange_dedups_pads_and_restores():
     index = native.EmbeddingIndex("padded", 100)
-    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
+    exchange = new_exchange()
     keys = np.array([[5, 6], [5, -2]], np.int64)
-    [(slots, expand, send, recv, restore)] = exchange.run([index], [keys], [4], True)
+    [(slots, expand, recv, restore)] = exchange.run(one_feature(index, 4), [keys], True)
     # Padded to send_count=4: three keys and the sentinel; distinct rows, expanded per received key.
     np.testing.assert_array_equal(slots, [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(slots[expand], [0, 1, 2, index.sentinel])
-    np.testing.assert_array_equal(send, [4])
     np.testing.assert_array_equal(recv, [4])
     np.testing.assert_array_equal(slots[expand][restore], [0, 1, 0, 2])
-    [(slots, expand, send, recv, restore)] = exchange.run([index], [keys.astype(np.int32)], [0], True)
+    [(slots, expand, recv, restore)] = exchange.run(one_feature(index), [keys.astype(np.int32)], True)
     np.testing.assert_array_equal(slots, [0, 1, 2])
     assert expand.size == 0, "one rank, dynamic shapes: the received keys are distinct already"
-    np.testing.assert_array_equal(send, [3])
+    np.testing.assert_array_equal(recv, [3])
     np.testing.assert_array_equal(slots[restore], [0, 1, 0, 2])
-    assert exchange.run([index], [keys], [0], False) is None, "no data on the only rank ends the pass"
+    assert exchange.run(one_feature(index), [keys], False) is None, "no data on the only rank ends the pass"
+    assert exchange.ranks_out_of_data == [0]
     assert index.counters()["keys_sent"] == 6 and index.counters()["keys_received"] == 6
     assert exchange.counters()["batches"] == 3
 
 
 def test_static_overflow_error_names_table_ranks_and_send_count():
     index = native.EmbeddingIndex("padded", 100)
-    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
-    with pytest.raises(native.ExchangeError, match=r"table 'padded': rank 0 has 3 unique keys for rank 0, "
-                                                   r"more than send_count=2"):
-        exchange.run([index], [np.array([7, 8, 9], np.int64)], [2], True)
+    exchange = new_exchange()
+    with pytest.raises(native.ExchangeError, match=r"feature 'f' of table 'padded': rank 0 has 3 unique keys for "
+                                                   r"rank 0, more than send_count=2; raise send_count to at least 3"):
+        exchange.run(one_feature(index, 2), [np.array([7, 8, 9], np.int64)], True)
     assert index.size() == 0, "nothing is allocated for a refused batch"
+    # The channel is stopped: a batch that would fit raises the same error, without a collective.
+    with pytest.raises(native.ExchangeError, match=r"send_count=2.*this channel stopped at batch 0"):
+        exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
+    assert "send_count=2" in exchange.stopped
+    exchange.restart()
+    [(slots, _, _, restore)] = exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
+    assert index.size() == 1
+
+
+def test_int32_table_refuses_ids_beyond_int32_naming_feature_and_table():
+    index = native.EmbeddingIndex("small_ids", 100)
+    exchange = new_exchange()
+    ok = np.array([-(2**31), 2**31 - 1], np.int64)
+    exchange.run(one_feature(index, int32_keys=True, name="user"), [ok], True)
+    with pytest.raises(native.ExchangeError, match=r"feature 'user' on rank 0 has id 2147483648, outside table "
+                                                   r"'small_ids''s key dtype int32"):
+        exchange.run(one_feature(index, int32_keys=True, name="user"), [np.array([1, 2**31], np.int64)], True)
+    assert index.size() == 2, "nothing of the refused batch is inserted"
 
 
 def test_eval_exchange_never_allocates():
     index = native.EmbeddingIndex("t", 10)
     insert_batch(index, np.array([4], np.int64))
-    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "eval", False)
-    [(slots, _, _, _, restore)] = exchange.run([index], [np.array([4, 8, 4], np.int64)], [0], True)
+    exchange = new_exchange("eval", allocate=False)
+    [(slots, _, _, restore)] = exchange.run(one_feature(index), [np.array([4, 8, 4], np.int64)], True)
     np.testing.assert_array_equal(slots[restore], [0, index.sentinel, 0])
     assert index.size() == 1
 
@@ -129,6 +155,6 @@ def test_float_keys_are_rejected():
     index = native.EmbeddingIndex("t", 10)
     with pytest.raises(TypeError):
         index.lookup(np.array([1.5, 2.0]), True)
-    exchange = native.KeyExchange(MPI.COMM_SELF.Dup(), "train", True)
-    with pytest.raises(TypeError, match="ids must be int32 or int64"):
-        exchange.run([index], [np.array([1.5])], [0], True)
+    exchange = new_exchange()
+    with pytest.raises(TypeError, match="feature 'f': ids must be int32 or int64"):
+        exchange.run(one_feature(index), [np.array([1.5])], True)

@@ -136,7 +136,7 @@ class EmbeddingIndex {
     }
     if (next_slot_ >= capacity_) {
       throw CapacityError("table '" + name_ + "': the device tier is full (" + std::to_string(capacity_) +
-                          " rows on this rank); raise device_vocabulary_size, or enable eviction");
+                          " rows on this rank); raise the table's device_vocabulary_size");
     }
     return next_slot_++;
   }

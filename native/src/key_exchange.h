@@ -1,50 +1,59 @@
-// The all-to-all key exchange of one channel (train or eval) for one batch, all its features at
-// once: dedup each feature's ids, send every unique id to its owner rank (key mod world size,
-// the same rule for negative keys everywhere), map received ids to local rows on the owner, and
-// return what the graph needs to move rows back: local slots, send / receive splits, restore
-// indices. Three collectives per batch whatever the number of features:
-//   1. MPI_Allgather of each rank's status (has data, static-shape overflow) so that an
-//      end of data or an overflow stops every rank at the same batch instead of hanging;
-//   2. MPI_Alltoall of the bucket sizes;  3. MPI_Alltoallv of the keys.
+// The key exchange of one channel (train or eval) for one batch, all its features at once:
+//   1. a status round (every rank's: has data, feature-set signature, static-shape overflow, an
+//      id outside its table's key dtype), so that what one rank decides stops every rank at the
+//      same batch: end of data, features that differ between ranks, an overflow, a bad id;
+//   2. routing (key_router.h): unique ids to their owners;
+//   3. resolving: the owner maps received ids to rows of its shard and dedups them, and the
+//      requester computes where each of its ids' rows comes back;
+//   4. on the allocating (train) channel, an agreement round: a full table on any rank stops
+//      every rank in this round, before any rank moves rows.
+// Every round is bound by the channel's deadline (channel_comm.h). After any error the channel
+// is stopped on every rank: each later batch raises the same error without a collective, so
+// ranks never drift out of step.
 #pragma once
-
-#include <mpi.h>
 
 #include <chrono>
 #include <cstdint>
-#include <stdexcept>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "batch_dedup.h"
+#include "channel_comm.h"
 #include "embedding_index.h"
+#include "key_router.h"
 
 namespace shardrec {
 
-inline int owner_of(int64_t key, int world) {
-  const int64_t r = key % world;
-  return static_cast<int>(r < 0 ? r + world : r);
+// What every rank must agree on for the features of one insert function, matched by position
+// (the runtime orders features by name, and the signature proves the ranks agree).
+struct ExchangeFeature {
+  std::string name;
+  EmbeddingIndex* index;
+  int64_t send_count;  // 0: dynamic shapes; else every bucket is padded to it
+  bool int32_keys;     // the table's key dtype is int32: ids must fit in it
+};
+
+inline uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
 }
 
-struct FeatureInput {
-  EmbeddingIndex* index;
-  const void* keys;
-  bool keys_are_int32;
-  size_t n;
-  int64_t send_count;  // 0: dynamic shapes; else every bucket is padded to it
+struct FeatureSet {
+  FeatureSet(std::vector<ExchangeFeature> f, std::string d)
+      : features(std::move(f)), description(std::move(d)), signature(static_cast<int64_t>(fnv1a(description))) {}
+  std::vector<ExchangeFeature> features;
+  std::string description;  // one line per feature; named in the error when ranks differ
+  int64_t signature;
 };
 
-struct FeatureOutput {
-  std::vector<int32_t> local_slots;   // distinct rows this rank gathers for its requesters
-  std::vector<int32_t> expand;        // per received key, its row among local_slots (empty: identity)
-  std::vector<int32_t> send_splits;   // rows coming back from each owner
-  std::vector<int32_t> recv_splits;   // rows going out to each requester
-  std::vector<int32_t> restore;       // per id of the batch: its row among those that come back
-};
-
-class ExchangeError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
+struct FeatureRouting {
+  std::vector<int32_t> local_slots;  // distinct rows this rank gathers for its requesters
+  std::vector<int32_t> expand;       // per received key, its row among local_slots (empty: identity)
+  std::vector<int32_t> recv_splits;  // rows going out to each requester
+  std::vector<int32_t> restore;      // per id of the batch: its row among those that come back
 };
 
 struct ExchangeCounters {
@@ -55,170 +64,239 @@ struct ExchangeCounters {
 
 class KeyExchange {
  public:
-  KeyExchange(MPI_Comm comm, std::string channel, bool allocate)
-      : comm_(comm), channel_(std::move(channel)), allocate_(allocate) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &world_);
-  }
+  KeyExchange(MPI_Comm comm, std::string channel, bool allocate, double timeout_s)
+      : comm_(comm, std::move(channel), timeout_s), allocate_(allocate) {}
 
-  int rank() const { return rank_; }
-  int world() const { return world_; }
-  const std::string& channel() const { return channel_; }
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.world(); }
+  const std::string& channel() const { return comm_.channel(); }
+  ChannelComm& comm() { return comm_; }
   ExchangeCounters counters() const { return counters_; }
+  const std::string& stopped() const { return stopped_; }
+  // A new configuration (init() again) starts from a running channel, unless a round timed out:
+  // an abandoned collective cannot be taken back.
+  void restart() {
+    if (comm_.broken().empty()) stopped_.clear();
+  }
+  // The ranks whose data ended, after run() returned false.
+  const std::vector<int>& ranks_out_of_data() const { return ranks_out_of_data_; }
 
   // Returns false when some rank has no more data: every rank returns false at the same batch.
-  bool run(const std::vector<FeatureInput>& in, bool has_data, std::vector<FeatureOutput>& out) {
+  // `keys[f]` are the ids of features.features[f] (ignored when has_data is false).
+  bool run(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data,
+           std::vector<FeatureRouting>& out) {
+    if (!stopped_.empty())
+      throw ExchangeError(stopped_ + " [this channel stopped at batch " + std::to_string(stopped_at_) +
+                          "; every later batch raises this error on every rank]");
+    try {
+      return run_checked(fs, keys, has_data, out);
+    } catch (const ExchangeError& e) {
+      stopped_ = e.what();
+      stopped_at_ = counters_.batches;
+      throw;
+    }
+  }
+
+ private:
+  enum Word { kHasData, kSignature, kOverflowFeature, kOverflowCount, kOverflowOwner, kBadFeature, kBadKey, kWords };
+
+  bool run_checked(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data,
+                   std::vector<FeatureRouting>& out) {
     const auto t0 = std::chrono::steady_clock::now();
-    uint64_t coll_ns = 0;
-    const size_t nf = in.size();
-    out.assign(nf, FeatureOutput{});
-    // Per feature: unique keys bucketed by owner, and each unique key's place in the send layout.
-    std::vector<std::vector<int64_t>> unique(nf);
-    std::vector<std::vector<int32_t>> counts(nf, std::vector<int32_t>(world_, 0));
-    std::vector<std::vector<int32_t>> place(nf);
-    std::vector<std::vector<int32_t>> owners(nf);
-    int64_t status[4] = {has_data ? 1 : 0, -1, 0, 0};  // has data, overflowing feature, its bucket, owner
+    coll_ns0_ = comm_.ns_waiting();
+    const size_t nf = fs.features.size();
+    const int world = comm_.world();
+    out.assign(nf, FeatureRouting{});
+    int64_t status[kWords] = {has_data ? 1 : 0, fs.signature, -1, 0, 0, -1, 0};
     if (has_data) {
-      for (size_t f = 0; f < nf; ++f) {
-        out[f].restore.resize(in[f].n);
-        if (in[f].keys_are_int32)
-          dedup_.run(static_cast<const int32_t*>(in[f].keys), in[f].n, unique[f], out[f].restore.data());
-        else
-          dedup_.run(static_cast<const int64_t*>(in[f].keys), in[f].n, unique[f], out[f].restore.data());
-        place[f].resize(unique[f].size());
-        owners[f].resize(unique[f].size());
-        for (size_t u = 0; u < unique[f].size(); ++u) {
-          owners[f][u] = owner_of(unique[f][u], world_);
-          place[f][u] = counts[f][owners[f][u]]++;
-        }
-        for (int r = 0; r < world_; ++r) {
-          if (in[f].send_count > 0 && counts[f][r] > in[f].send_count && status[1] < 0) {
-            status[1] = static_cast<int64_t>(f);
-            status[2] = counts[f][r];
-            status[3] = r;
+      if (keys.size() != nf) throw std::invalid_argument("one id array per feature expected");
+      check_key_range(fs, keys, status);
+      restore_.clear();
+      router_.bucket(keys, world, restore_);
+      for (size_t f = 0; f < nf && status[kOverflowFeature] < 0; ++f) {
+        for (int r = 0; r < world; ++r) {
+          if (fs.features[f].send_count > 0 && router_.sent(f, r) > fs.features[f].send_count) {
+            status[kOverflowFeature] = static_cast<int64_t>(f);
+            status[kOverflowCount] = router_.sent(f, r);
+            status[kOverflowOwner] = r;
+            break;
           }
         }
       }
     }
 
-    // 1. Status of every rank.
-    std::vector<int64_t> all_status(4 * static_cast<size_t>(world_));
-    coll_ns += timed([&] { MPI_Allgather(status, 4, MPI_INT64_T, all_status.data(), 4, MPI_INT64_T, comm_); });
-    for (int r = 0; r < world_; ++r) {
-      if (all_status[4 * r] == 0) {
-        finish(t0, coll_ns);
-        return false;
-      }
+    std::vector<int64_t> all(static_cast<size_t>(kWords) * world);
+    comm_.gather_status(status, kWords, all.data(), "status round");
+    for (int r = 0; r < world; ++r) {
+      if (all[r * kWords + kSignature] != fs.signature) throw_feature_mismatch(fs);
     }
-    std::string overflow;
-    for (int r = 0; r < world_; ++r) {
-      const int64_t* s = &all_status[4 * r];
-      if (s[1] < 0) continue;
-      const auto& f = in[static_cast<size_t>(s[1])];
-      overflow += (overflow.empty() ? "" : "; ") + std::string("table '") + f.index->name() + "': rank " +
-                  std::to_string(r) + " has " + std::to_string(s[2]) + " unique keys for rank " +
-                  std::to_string(s[3]) + ", more than send_count=" + std::to_string(f.send_count);
+    ranks_out_of_data_.clear();
+    for (int r = 0; r < world; ++r)
+      if (all[r * kWords + kHasData] == 0) ranks_out_of_data_.push_back(r);
+    if (!ranks_out_of_data_.empty()) {
+      finish(t0);
+      return false;
     }
-    if (!overflow.empty())
-      throw ExchangeError(overflow + "; raise send_count to at least the largest of these (every rank stops here)");
+    throw_if_refused(fs, all);
 
-    // 2. Bucket sizes, laid out [peer][feature].
-    std::vector<int32_t> send_counts(static_cast<size_t>(world_) * nf), recv_counts(send_counts.size());
-    for (int r = 0; r < world_; ++r)
-      for (size_t f = 0; f < nf; ++f) send_counts[r * nf + f] = counts[f][r];
-    coll_ns += timed([&] {
-      MPI_Alltoall(send_counts.data(), static_cast<int>(nf), MPI_INT32_T, recv_counts.data(), static_cast<int>(nf),
-                   MPI_INT32_T, comm_);
-    });
-
-    // 3. The keys: for each peer, each feature's bucket, unpadded (padding never travels).
-    std::vector<int> sdispl(world_ + 1, 0), rdispl(world_ + 1, 0), scount(world_), rcount(world_);
-    for (int r = 0; r < world_; ++r) {
-      scount[r] = rcount[r] = 0;
-      for (size_t f = 0; f < nf; ++f) {
-        scount[r] += send_counts[r * nf + f];
-        rcount[r] += recv_counts[r * nf + f];
-      }
-      sdispl[r + 1] = sdispl[r] + scount[r];
-      rdispl[r + 1] = rdispl[r] + rcount[r];
-    }
-    send_buf_.resize(static_cast<size_t>(sdispl[world_]));
-    recv_buf_.resize(static_cast<size_t>(rdispl[world_]));
+    router_.exchange(comm_);
+    std::string capacity_error;
+    int64_t full_feature = -1;
     for (size_t f = 0; f < nf; ++f) {
-      std::vector<int> base(sdispl.begin(), sdispl.end() - 1);
-      for (int r = 0; r < world_; ++r)
-        for (size_t g = 0; g < f; ++g) base[r] += counts[g][r];
-      for (size_t u = 0; u < unique[f].size(); ++u) send_buf_[base[owners[f][u]] + place[f][u]] = unique[f][u];
+      try {
+        resolve(fs.features[f], f, out[f]);
+      } catch (const CapacityError& e) {
+        capacity_error = e.what();
+        full_feature = static_cast<int64_t>(f);
+        break;
+      }
     }
-    coll_ns += timed([&] {
-      MPI_Alltoallv(send_buf_.data(), scount.data(), sdispl.data(), MPI_INT64_T, recv_buf_.data(), rcount.data(),
-                    rdispl.data(), MPI_INT64_T, comm_);
-    });
-
-    // Owner side: received keys -> local rows, per feature in source-rank order; requester side:
-    // restore indices into the rows that come back, laid out by owner rank.
-    for (size_t f = 0; f < nf; ++f) {
-      FeatureOutput& o = out[f];
-      const int64_t pad = in[f].send_count;
-      o.send_splits.resize(world_);
-      o.recv_splits.resize(world_);
-      size_t total_recv = 0;
-      for (int s = 0; s < world_; ++s) {
-        o.recv_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : recv_counts[s * nf + f];
-        o.send_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : counts[f][s];
-        total_recv += o.recv_splits[s];
-      }
-      o.local_slots.assign(total_recv, in[f].index->sentinel());
-      size_t dst = 0;
-      for (int s = 0; s < world_; ++s) {
-        size_t offset = rdispl[s];
-        for (size_t g = 0; g < f; ++g) offset += recv_counts[s * nf + g];
-        const int32_t n = recv_counts[s * nf + f];
-        in[f].index->lookup(recv_buf_.data() + offset, static_cast<size_t>(n), allocate_, o.local_slots.data() + dst);
-        in[f].index->add_traffic(counts[f][s], n);
-        dst += o.recv_splits[s];
-      }
-      // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
-      // no padding the received keys are this batch's unique keys already: no expand needed.
-      if (world_ > 1 || pad > 0) {
-        o.expand.resize(o.local_slots.size());
-        owner_dedup_.run(o.local_slots.data(), o.local_slots.size(), owner_unique_, o.expand.data());
-        o.local_slots.assign(owner_unique_.begin(), owner_unique_.end());
-      }
-      std::vector<int32_t> owner_base(world_ + 1, 0);
-      for (int r = 0; r < world_; ++r) owner_base[r + 1] = owner_base[r] + o.send_splits[r];
-      std::vector<int32_t> back(unique[f].size());
-      for (size_t u = 0; u < unique[f].size(); ++u) back[u] = owner_base[owners[f][u]] + place[f][u];
-      for (auto& r : o.restore) r = back[r];
-    }
-    finish(t0, coll_ns);
+    if (allocate_) agree_on_capacity(fs, full_feature);
+    if (full_feature >= 0) throw ExchangeError(capacity_error);  // one rank: cannot happen past the agreement
+    finish(t0);
     return true;
   }
 
- private:
-  template <typename F>
-  static uint64_t timed(F&& f) {
-    const auto t = std::chrono::steady_clock::now();
-    f();
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count());
+  // An int64 id into an int32 table is refused, not truncated: two ids would share a row.
+  static void check_key_range(const FeatureSet& fs, const std::vector<RouterInput>& keys, int64_t* status) {
+    for (size_t f = 0; f < keys.size(); ++f) {
+      if (!fs.features[f].int32_keys || keys[f].keys_are_int32) continue;
+      const int64_t* k = static_cast<const int64_t*>(keys[f].keys);
+      for (size_t i = 0; i < keys[f].n; ++i) {
+        if (k[i] < std::numeric_limits<int32_t>::min() || k[i] > std::numeric_limits<int32_t>::max()) {
+          status[kBadFeature] = static_cast<int64_t>(f);
+          status[kBadKey] = k[i];
+          return;
+        }
+      }
+    }
   }
 
-  void finish(std::chrono::steady_clock::time_point t0, uint64_t coll_ns) {
+  void throw_feature_mismatch(const FeatureSet& fs) {
+    std::vector<std::string> all;
+    all = comm_.gather_strings(fs.description, "feature-list check");
+    auto lines = [](const std::string& s) {
+      std::vector<std::string> out;
+      std::istringstream in(s);
+      for (std::string line; std::getline(in, line);) out.push_back(line);
+      return out;
+    };
+    const auto mine = lines(all[0]);
+    for (size_t r = 1; r < all.size(); ++r) {
+      const auto theirs = lines(all[r]);
+      for (size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+        const std::string a = i < mine.size() ? mine[i] : "(nothing)";
+        const std::string b = i < theirs.size() ? theirs[i] : "(nothing)";
+        if (a == b) continue;
+        throw ExchangeError("the ranks' features on key exchange '" + comm_.channel() + "' differ at entry " +
+                            std::to_string(i + 1) + ": rank 0 has " + a + ", rank " + std::to_string(r) + " has " +
+                            b + ". Every rank must build the same FeatureSpecs (names, tables, dims, key dtypes, "
+                            "send_count) for the same dataset (every rank stops here)");
+      }
+    }
+    throw ExchangeError("the ranks' feature signatures differ on key exchange '" + comm_.channel() +
+                        "' although their descriptions match (every rank stops here)");
+  }
+
+  void throw_if_refused(const FeatureSet& fs, const std::vector<int64_t>& all) {
+    std::string bad, overflow;
+    int64_t largest = 0;
+    for (int r = 0; r < comm_.world(); ++r) {
+      const int64_t* s = &all[static_cast<size_t>(r) * kWords];
+      if (s[kBadFeature] >= 0) {
+        const auto& f = fs.features[static_cast<size_t>(s[kBadFeature])];
+        bad += (bad.empty() ? "" : "; ") + std::string("feature '") + f.name + "' on rank " + std::to_string(r) +
+               " has id " + std::to_string(s[kBadKey]) + ", outside table '" + f.index->name() +
+               "''s key dtype int32 [-2147483648, 2147483647]";
+      }
+      if (s[kOverflowFeature] >= 0) {
+        const auto& f = fs.features[static_cast<size_t>(s[kOverflowFeature])];
+        largest = std::max(largest, s[kOverflowCount]);
+        overflow += (overflow.empty() ? "" : "; ") + std::string("feature '") + f.name + "' of table '" +
+                    f.index->name() + "': rank " + std::to_string(r) + " has " + std::to_string(s[kOverflowCount]) +
+                    " unique keys for rank " + std::to_string(s[kOverflowOwner]) +
+                    ", more than send_count=" + std::to_string(f.send_count);
+      }
+    }
+    if (!bad.empty())
+      throw ExchangeError(bad + "; create the table with key_dtype=tf.int64 or map the ids into int32 "
+                                "(every rank stops here)");
+    if (!overflow.empty())
+      throw ExchangeError(overflow + "; raise send_count to at least " + std::to_string(largest) +
+                          " (every rank stops here)");
+  }
+
+  void agree_on_capacity(const FeatureSet& fs, int64_t full_feature) {
+    const int world = comm_.world();
+    const int64_t mine[2] = {full_feature,
+                             full_feature >= 0 ? fs.features[static_cast<size_t>(full_feature)].index->capacity() : 0};
+    std::vector<int64_t> all(2 * static_cast<size_t>(world));
+    comm_.gather_status(mine, 2, all.data(), "capacity agreement");
+    std::string full;
+    for (int r = 0; r < world; ++r) {
+      if (all[2 * r] < 0) continue;
+      const auto& f = fs.features[static_cast<size_t>(all[2 * r])];
+      full += (full.empty() ? "" : "; ") + std::string("table '") + f.index->name() + "' is full on rank " +
+              std::to_string(r) + " (" + std::to_string(all[2 * r + 1]) + " rows per rank, reached by feature '" +
+              f.name + "')";
+    }
+    if (!full.empty())
+      throw ExchangeError(full + "; raise the table's device_vocabulary_size (every rank stops here)");
+  }
+
+  void resolve(const ExchangeFeature& feature, size_t f, FeatureRouting& o) {
+    const int world = comm_.world();
+    const int64_t pad = feature.send_count;
+    o.recv_splits.resize(world);
+    std::vector<int32_t> back_base(world + 1, 0);  // where each owner's rows start among those returned
+    size_t total_recv = 0;
+    for (int s = 0; s < world; ++s) {
+      o.recv_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : router_.received_count(f, s);
+      back_base[s + 1] = back_base[s] + (pad > 0 ? static_cast<int32_t>(pad) : router_.sent(f, s));
+      total_recv += o.recv_splits[s];
+    }
+    // Owner side: received keys -> local rows, in source-rank order (padding keeps the sentinel).
+    o.local_slots.assign(total_recv, feature.index->sentinel());
+    size_t dst = 0;
+    for (int s = 0; s < world; ++s) {
+      const int32_t n = router_.received_count(f, s);
+      feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.local_slots.data() + dst);
+      feature.index->add_traffic(router_.sent(f, s), n);
+      dst += o.recv_splits[s];
+    }
+    // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
+    // no padding the received keys are this batch's unique keys already: no expand needed.
+    if (world > 1 || pad > 0) {
+      o.expand.resize(o.local_slots.size());
+      owner_dedup_.run(o.local_slots.data(), o.local_slots.size(), owner_unique_, o.expand.data());
+      o.local_slots.assign(owner_unique_.begin(), owner_unique_.end());
+    }
+    // Requester side: each id's row among those that come back, laid out by owner rank.
+    const auto& unique = router_.unique(f);
+    std::vector<int32_t> back(unique.size());
+    for (size_t u = 0; u < unique.size(); ++u) back[u] = back_base[router_.owner(f, u)] + router_.place(f, u);
+    o.restore.swap(restore_[f]);
+    for (auto& r : o.restore) r = back[r];
+  }
+
+  void finish(std::chrono::steady_clock::time_point t0) {
     counters_.batches += 1;
-    counters_.ns_in_collectives += coll_ns;
+    counters_.ns_in_collectives += comm_.ns_waiting() - coll_ns0_;
     counters_.ns_total += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
 
-  MPI_Comm comm_;
-  std::string channel_;
+  ChannelComm comm_;
   bool allocate_;
-  int rank_ = 0;
-  int world_ = 1;
-  BatchDedup dedup_, owner_dedup_;
-  std::vector<int64_t> send_buf_, recv_buf_, owner_unique_;
+  KeyRouter router_;
+  BatchDedup owner_dedup_;
+  std::vector<int64_t> owner_unique_;
+  std::vector<std::vector<int32_t>> restore_;
+  uint64_t coll_ns0_ = 0;
   ExchangeCounters counters_;
+  std::string stopped_;
+  uint64_t stopped_at_ = 0;
+  std::vector<int> ranks_out_of_data_;
 };
 
 }  // namespace shardrec

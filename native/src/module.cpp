@@ -14,6 +14,7 @@
 namespace py = pybind11;
 using shardrec::BatchDedup;
 using shardrec::EmbeddingIndex;
+using shardrec::FeatureSet;
 using shardrec::KeyExchange;
 
 namespace {
@@ -50,36 +51,37 @@ py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool al
   return slots;
 }
 
-// One batch through the exchange: per feature (index, ids array, send_count). Returns None when
-// some rank is out of data, else per feature (local_slots, expand, send_splits, recv_splits, restore).
-py::object exchange_run(KeyExchange& ex, const std::vector<EmbeddingIndex*>& indexes, const py::list& keys,
-                        const std::vector<int64_t>& send_counts, bool has_data) {
-  const size_t nf = indexes.size();
-  if (static_cast<size_t>(py::len(keys)) != nf || send_counts.size() != nf)
-    throw std::invalid_argument("indexes, keys and send_counts must have one entry per feature");
+// One batch through the exchange. Returns None when some rank is out of data, else per feature
+// (local_slots, expand, recv_splits, restore).
+py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data) {
+  const size_t nf = fs.features.size();
   std::vector<py::array> arrays;
-  std::vector<shardrec::FeatureInput> in(nf);
-  for (size_t f = 0; f < nf; ++f) {
-    py::array a = py::reinterpret_borrow<py::array>(keys[f]);
-    const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
-    if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
-      throw py::type_error("feature " + std::to_string(f) + ": ids must be int32 or int64, got " +
-                           std::string(py::str(a.dtype())));
-    if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
-    in[f] = shardrec::FeatureInput{indexes[f], a.data(), i32, static_cast<size_t>(a.size()), send_counts[f]};
-    arrays.push_back(a);
+  std::vector<shardrec::RouterInput> in;
+  if (has_data) {
+    if (static_cast<size_t>(py::len(keys)) != nf)
+      throw std::invalid_argument("keys: one id array per feature of the feature set expected");
+    for (size_t f = 0; f < nf; ++f) {
+      py::array a = py::reinterpret_borrow<py::array>(keys[f]);
+      const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
+      if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
+        throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
+                             std::string(py::str(a.dtype())));
+      if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
+      in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
+      arrays.push_back(a);
+    }
   }
-  std::vector<shardrec::FeatureOutput> out;
+  std::vector<shardrec::FeatureRouting> out;
   bool ok;
   {
     py::gil_scoped_release nogil;
-    ok = ex.run(in, has_data, out);
+    ok = ex.run(fs, in, has_data, out);
   }
   if (!ok) return py::none();
   py::list result;
   for (auto& o : out)
-    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.expand), to_numpy(o.send_splits),
-                                 to_numpy(o.recv_splits), to_numpy(o.restore)));
+    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.expand), to_numpy(o.recv_splits),
+                                 to_numpy(o.restore)));
   return std::move(result);
 }
 
@@ -89,7 +91,8 @@ PYBIND11_MODULE(shardrec_native, m) {
   m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
   if (import_mpi4py() < 0) throw py::error_already_set();
   py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
-  py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
+  auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
+  py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
 
   m.def("dedup", &dedup<int64_t>, py::arg("keys"));
   m.def("dedup", &dedup<int32_t>, py::arg("keys"),
@@ -140,18 +143,50 @@ PYBIND11_MODULE(shardrec_native, m) {
         return d;
       });
 
+  py::class_<FeatureSet>(m, "FeatureSet")
+      .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
+                       const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
+                       std::string description) {
+             const size_t n = names.size();
+             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n)
+               throw std::invalid_argument("names, indexes, send_counts and int32_keys need one entry per feature");
+             std::vector<shardrec::ExchangeFeature> features;
+             for (size_t f = 0; f < n; ++f)
+               features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f]});
+             return new FeatureSet(std::move(features), std::move(description));
+           }),
+           py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
+           py::keep_alive<1, 3>(),
+           "The features of one insert function, in the order every rank uses; `description` (a line per "
+           "feature) is what the ranks compare.")
+      .def_property_readonly("signature", [](const FeatureSet& fs) { return fs.signature; })
+      .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
+
   py::class_<KeyExchange>(m, "KeyExchange")
-      .def(py::init([](py::object comm, std::string channel, bool allocate) {
+      .def(py::init([](py::object comm, std::string channel, bool allocate, double timeout_s) {
              MPI_Comm* c = PyMPIComm_Get(comm.ptr());
              if (c == nullptr) throw py::error_already_set();
-             return new KeyExchange(*c, std::move(channel), allocate);
+             if (!(timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
+             return new KeyExchange(*c, std::move(channel), allocate, timeout_s);
            }),
-           py::arg("comm"), py::arg("channel"), py::arg("allocate"), py::keep_alive<1, 2>(),
-           "An exchange on `comm` (an mpi4py communicator of its own); allocate=False for eval.")
+           py::arg("comm"), py::arg("channel"), py::arg("allocate"), py::arg("timeout_s"), py::keep_alive<1, 2>(),
+           "An exchange on `comm` (an mpi4py communicator of its own); allocate=False for eval; every round "
+           "waits at most timeout_s seconds.")
       .def_property_readonly("rank", &KeyExchange::rank)
       .def_property_readonly("world_size", &KeyExchange::world)
       .def_property_readonly("channel", &KeyExchange::channel)
-      .def("run", &exchange_run, py::arg("indexes"), py::arg("keys"), py::arg("send_counts"), py::arg("has_data"))
+      .def_property_readonly("ranks_out_of_data", &KeyExchange::ranks_out_of_data,
+                             "The ranks whose data ended, after run() returned None.")
+      .def_property_readonly("stopped", &KeyExchange::stopped, "The error that stopped this channel ('' if none).")
+      .def_property(
+          "timeout_s", [](KeyExchange& ex) { return ex.comm().timeout_s(); },
+          [](KeyExchange& ex, double s) {
+            if (!(s > 0)) throw std::invalid_argument("timeout_s must be > 0");
+            ex.comm().set_timeout(s);
+          })
+      .def("restart", &KeyExchange::restart,
+           "Runs again after an error, unless a round timed out (init() calls it on every rank).")
+      .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"))
       .def("counters", [](const KeyExchange& ex) {
         const auto c = ex.counters();
         py::dict d;

@@ -1,0 +1,185 @@
+// The collectives of one key-exchange channel, each bound by a deadline: no rank waits for ever
+// for a peer that died, hangs, or runs another number of batches. Status rounds are point to
+// point (every rank sends its words to every peer), so a rank that times out knows, and names,
+// exactly which peers never arrived; the bulk rounds that follow are non-blocking collectives.
+// After a timeout the channel is unusable (a collective cannot be withdrawn): every later call
+// raises the same error.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shardrec {
+
+class ExchangeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class ExchangeTimeout : public ExchangeError {
+ public:
+  using ExchangeError::ExchangeError;
+};
+
+class ChannelComm {
+ public:
+  ChannelComm(MPI_Comm comm, std::string channel, double timeout_s)
+      : comm_(comm), channel_(std::move(channel)), timeout_s_(timeout_s) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &world_);
+  }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const std::string& channel() const { return channel_; }
+  double timeout_s() const { return timeout_s_; }
+  void set_timeout(double s) { timeout_s_ = s; }
+  const std::string& broken() const { return broken_; }
+  // Time spent inside MPI waiting for this channel's rounds, all calls together.
+  uint64_t ns_waiting() const { return ns_waiting_; }
+
+  // Every rank's `n` words into all[r * n .. r * n + n). `what` names the round in errors.
+  void gather_status(const int64_t* mine, int n, int64_t* all, const std::string& what) {
+    check_usable();
+    for (int i = 0; i < n; ++i) all[static_cast<size_t>(rank_) * n + i] = mine[i];
+    if (world_ == 1) return;
+    std::vector<MPI_Request> recv, send;
+    std::vector<int> peers;
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      peers.push_back(r);
+      recv.emplace_back();
+      MPI_Irecv(all + static_cast<size_t>(r) * n, n, MPI_INT64_T, r, kStatusTag, comm_, &recv.back());
+    }
+    for (int r : peers) {
+      send.emplace_back();
+      MPI_Isend(mine, n, MPI_INT64_T, r, kStatusTag, comm_, &send.back());
+    }
+    if (!wait(recv)) {
+      std::string missing;
+      for (size_t i = 0; i < recv.size(); ++i) {
+        if (recv[i] == MPI_REQUEST_NULL) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i]);
+        MPI_Cancel(&recv[i]);
+        MPI_Request_free(&recv[i]);
+      }
+      for (auto& s : send) if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
+      fail_timeout(what, "rank(s) " + missing + " did not arrive");
+    }
+    if (!wait(send)) {
+      for (auto& s : send) if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
+      fail_timeout(what, "a peer did not take this rank's status");
+    }
+  }
+
+  void alltoall(const int32_t* send, int32_t* recv, int n, const std::string& what) {
+    check_usable();
+    MPI_Request req;
+    MPI_Ialltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, comm_, &req);
+    finish_collective(req, what);
+  }
+
+  void alltoallv(const int64_t* send, const int* scount, const int* sdispl, int64_t* recv, const int* rcount,
+                 const int* rdispl, const std::string& what) {
+    check_usable();
+    MPI_Request req;
+    MPI_Ialltoallv(send, scount, sdispl, MPI_INT64_T, recv, rcount, rdispl, MPI_INT64_T, comm_, &req);
+    finish_collective(req, what);
+  }
+
+  // Every rank's string, in rank order (used to name what differs between ranks).
+  std::vector<std::string> gather_strings(const std::string& mine, const std::string& what) {
+    std::vector<int64_t> lengths(world_);
+    const int64_t len = static_cast<int64_t>(mine.size());
+    gather_status(&len, 1, lengths.data(), what);
+    std::vector<int> counts(world_), displs(world_ + 1, 0);
+    for (int r = 0; r < world_; ++r) {
+      counts[r] = static_cast<int>(lengths[r]);
+      displs[r + 1] = displs[r] + counts[r];
+    }
+    std::string all(static_cast<size_t>(displs[world_]), '\0');
+    if (world_ > 1) {
+      MPI_Request req;
+      MPI_Iallgatherv(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, &all[0], counts.data(), displs.data(),
+                      MPI_CHAR, comm_, &req);
+      finish_collective(req, what);
+    } else {
+      all = mine;
+    }
+    std::vector<std::string> out;
+    for (int r = 0; r < world_; ++r) out.push_back(all.substr(displs[r], counts[r]));
+    return out;
+  }
+
+ private:
+  static constexpr int kStatusTag = 0x5d1;
+
+  void check_usable() const {
+    if (!broken_.empty()) throw ExchangeTimeout(broken_);
+  }
+
+  void finish_collective(MPI_Request& req, const std::string& what) {
+    std::vector<MPI_Request> one{req};
+    if (!wait(one))
+      fail_timeout(what, "every rank passed this batch's status round, so a rank stopped (died or hung) since");
+  }
+
+  [[noreturn]] void fail_timeout(const std::string& what, const std::string& who) {
+    broken_ = "key exchange '" + channel_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+              "), " + what + ": " + who + " within " + std::to_string(static_cast<int>(timeout_s_)) +
+              " s (SHARDREC_EXCHANGE_TIMEOUT_S). Every rank must run the same number of batches on this channel: "
+              "check that the other ranks are alive and run the same script (an evaluation on one rank only, or a "
+              "rank that stopped, leaves the others waiting). This channel is stopped; restart the job";
+    throw ExchangeTimeout(broken_);
+  }
+
+  // Polls until every request completes (true) or the deadline passes (false; the requests
+  // that completed are MPI_REQUEST_NULL). Spins briefly, then sleeps in growing steps, so a
+  // rank that waits long leaves its core to the others.
+  bool wait(std::vector<MPI_Request>& reqs) {
+    if (reqs.empty()) return true;
+    const auto start = std::chrono::steady_clock::now();
+    struct Account {
+      std::chrono::steady_clock::time_point start;
+      uint64_t& total;
+      ~Account() {
+        total += static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+      }
+    } account{start, ns_waiting_};
+    const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
+    int done = 0;
+    std::chrono::microseconds nap(0);
+    for (int spin = 0;; ++spin) {
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) return true;
+      if (spin < 2000) continue;
+      if (std::chrono::steady_clock::now() > deadline) {
+        // Testall leaves requests alone unless all complete: find the ones still pending.
+        for (auto& r : reqs) {
+          int flag = 0;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        }
+        return false;
+      }
+      nap = std::min(std::chrono::microseconds(200), nap + std::chrono::microseconds(10));
+      std::this_thread::sleep_for(nap);
+    }
+  }
+
+  MPI_Comm comm_;
+  std::string channel_;
+  double timeout_s_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::string broken_;
+  uint64_t ns_waiting_ = 0;
+};
+
+}  // namespace shardrec

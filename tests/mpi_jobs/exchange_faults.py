@@ -1,0 +1,200 @@
+"""Faults of the key exchange under real mpiexec, one per MODE (first argument):
+
+    caught_overflow  static shapes; rank 1's third batch overflows send_count; every rank catches
+                     the error and goes on training: each prints how its steps went
+    full_table       rank 1's third batch fills rank 0's shard; every rank catches and goes on
+    order            rank 0 lists FeatureSpecs [a, b], rank 1 [b, a]; prints the keys each table holds
+    dim_mismatch     table 'tb' has dim 4 on rank 0 and dim 8 on rank 1
+    eval_one_rank    both ranks train, then rank 0 alone evaluates (short exchange timeout)
+    exit_status      rank 1 calls sys.exit(3) while rank 0 trains on
+    raise_before_init  rank 1 raises after importing mx_rec, before init()
+    empty_rank       rank 1's dataset is empty
+Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
+"""
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import mx_rec.core.embedding  # noqa: F401 - what a Rec SDK script imports first
+from mx_rec.optimizers import lazy_adam
+from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
+                          init, sparse_lookup, start_asc_pipeline)
+
+MODE = sys.argv[1]
+
+
+def say(text):
+    print(text, flush=True)
+
+
+def first_line(error):
+    message = error.message if isinstance(error, tf.errors.OpError) else str(error)
+    return next((line for line in message.splitlines() if "rank" in line and "Traceback" not in line), message)
+
+
+def train_graph(ids_by_feature, dims, tables, batch, send_count=None, is_training=True, prefetch=2):
+    """A dataset of the given id arrays, one lookup per feature, a loss and lazy Adam."""
+    specs = [FeatureSpec(name, table_name=tables[name]) for name in ids_by_feature]
+    dataset = tf.data.Dataset.from_tensor_slices(ids_by_feature).batch(batch, drop_remainder=True)
+    dataset = dataset.map(get_asc_insert_func(specs, is_training=is_training)).prefetch(prefetch)
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    element = iterator.get_next()
+    made = {}
+    for name in sorted(set(tables.values())):
+        made[name] = create_table(tf.int64, dims[name], name, tf.compat.v1.constant_initializer(0.1),
+                                  device_vocabulary_size=dims.get("vocab", 1000))
+    outs = [sparse_lookup(made[tables[s.name]], s, send_count, batch=element, is_train=is_training) for s in specs]
+    loss = tf.add_n([tf.reduce_sum(tf.square(o - 1.0)) for o in outs])
+    return iterator, loss, made
+
+
+def train_op(loss):
+    _, sparse = get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, sparse)
+    return lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads, sparse))
+
+
+def run_catching(sess, iterator, fetch, rank):
+    sess.run(iterator.initializer)
+    ok, errors, first = 0, 0, None
+    while True:
+        try:
+            sess.run(fetch)
+            ok += 1
+        except tf.errors.OutOfRangeError:
+            break
+        except tf.errors.OpError as e:
+            if first is None:
+                first = ok + errors
+                say(f"ERROR rank={rank}: {first_line(e)}")
+            errors += 1
+    say(f"RESULT rank={rank} ok={ok} errors={errors} first_error_batch={first}")
+
+
+def caught(use_dynamic, make_ids, vocab, send_count=None):
+    init(use_dynamic=use_dynamic)
+    rank = get_rank_id()
+    ids = make_ids(rank)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4, "vocab": vocab}, {"ids": "t"}, 8, send_count)
+    step = train_op(loss)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, step, rank)
+
+
+def overflow_ids(rank):
+    ids = np.tile(np.arange(4, dtype=np.int64), (48, 1))[:, :2]  # two distinct keys per batch
+    if rank == 1:
+        ids[16:24] = np.arange(0, 32, 2).reshape(8, 2)  # batch 2: 16 keys for rank 0
+    return ids
+
+
+def full_table_ids(rank):
+    ids = np.zeros((48, 2), np.int64) + rank
+    if rank == 1:
+        ids[16:24] = np.arange(100, 132, 2).reshape(8, 2)  # batch 2: 16 new keys for rank 0
+    return ids
+
+
+def order():
+    init()
+    rank = get_rank_id()
+    rng = np.random.default_rng(rank)
+    data = {"a": rng.integers(0, 50, size=(32, 2)), "b": rng.integers(1000, 1050, size=(32, 3))}
+    names = ["a", "b"] if rank == 0 else ["b", "a"]
+    specs = [FeatureSpec(n, table_name=f"t{n}") for n in names]
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(8).map(get_asc_insert_func(specs))
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    batch = iterator.get_next()
+    tables = {n: create_table(tf.int64, 4, f"t{n}", tf.compat.v1.constant_initializer(0.1),
+                              device_vocabulary_size=1000) for n in ("a", "b")}
+    loss = tf.add_n([tf.reduce_sum(sparse_lookup(tables[s.name], s, batch=batch)) for s in specs])
+    step = train_op(loss)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, step, rank)
+    for n, table in tables.items():
+        keys, _ = table.index.export()
+        say(f"HELD rank={rank} table=t{n} keys={','.join(map(str, sorted(keys.tolist())))}")
+
+
+def dim_mismatch():
+    init()
+    rank = get_rank_id()
+    data = {"a": np.arange(32).reshape(16, 2), "b": np.arange(32).reshape(16, 2)}
+    iterator, loss, _ = train_graph(data, {"ta": 4, "tb": 4 if rank == 0 else 8}, {"a": "ta", "b": "tb"}, 4)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, loss, rank)
+
+
+def eval_one_rank():
+    init()
+    rank = get_rank_id()
+    ids = np.arange(64).reshape(32, 2)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8, is_training=False)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        if rank == 0:
+            sess.run(iterator.initializer)
+            started = time.monotonic()
+            try:
+                sess.run(loss)
+            except tf.errors.OpError as e:
+                say(f"ERROR rank={rank}: {first_line(e)}")
+                say(f"RESULT rank={rank} waited={time.monotonic() - started:.1f}")
+                raise
+        else:
+            say(f"RESULT rank={rank} skipped evaluation")
+            time.sleep(120)  # alive, just not evaluating
+
+
+def exit_status():
+    init()
+    rank = get_rank_id()
+    ids = np.arange(6400).reshape(3200, 2)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4, "vocab": 10000}, {"ids": "t"}, 8)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(iterator.initializer)
+        sess.run(loss)
+        if rank == 1:
+            say("RESULT rank=1 exiting with 3")
+            sys.exit(3)
+        while True:
+            sess.run(loss)
+
+
+def empty_rank():
+    init()
+    rank = get_rank_id()
+    ids = np.arange(64).reshape(32, 2)[: 0 if rank == 1 else 32]
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, loss, rank)
+
+
+if __name__ == "__main__":
+    tf.compat.v1.disable_eager_execution()
+    if MODE == "caught_overflow":
+        caught(False, overflow_ids, 1000, send_count=4)
+    elif MODE == "full_table":
+        caught(True, full_table_ids, 20)
+    elif MODE == "raise_before_init":
+        if int(__import__("os").environ.get("OMPI_COMM_WORLD_RANK", "0")) == 1:
+            raise RuntimeError("rank 1 fails before init()")
+        init()
+        say("RESULT rank=0 initialised")
+        get_world = __import__("rank_runtime.world", fromlist=["get_world"]).get_world
+        get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
+    else:
+        globals()[MODE]()

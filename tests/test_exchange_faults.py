@@ -1,0 +1,96 @@
+"""What one rank decides, every rank learns in the same round; no collective waits for ever. Each
+case runs tests/mpi_jobs/exchange_faults.py under a real mpiexec with 2 ranks."""
+import re
+import time
+
+import numpy as np
+
+from mpi_helpers import check, mpiexec
+
+JOB = "exchange_faults.py"
+
+
+def results(proc):
+    return dict(re.findall(r"RESULT rank=(\d) (.*)", proc.stdout))
+
+
+def errors(proc):
+    return dict(re.findall(r"ERROR rank=(\d): (.*)", proc.stdout))
+
+
+def test_a_caught_overflow_stops_the_channel_on_every_rank_in_step():
+    proc = check(mpiexec(2, JOB, "caught_overflow", timeout=120))
+    # Batches 0 and 1 train; batch 2 overflows on rank 1 only; every later batch raises on both.
+    assert results(proc) == {"0": "ok=2 errors=5 first_error_batch=2", "1": "ok=2 errors=5 first_error_batch=2"}
+    for rank, message in errors(proc).items():
+        assert "feature 'ids' of table 't': rank 1 has 16 unique keys for rank 0, more than send_count=4; " \
+               "raise send_count to at least 16" in message, (rank, message)
+    assert len(errors(proc)) == 2
+
+
+def test_a_full_table_is_raised_on_every_rank_in_the_same_round():
+    proc = check(mpiexec(2, JOB, "full_table", timeout=120))
+    assert results(proc) == {"0": "ok=2 errors=5 first_error_batch=2", "1": "ok=2 errors=5 first_error_batch=2"}
+    assert len(errors(proc)) == 2
+    for message in errors(proc).values():
+        assert "table 't' is full on rank 0 (10 rows per rank, reached by feature 'ids'); raise the table's " \
+               "device_vocabulary_size" in message
+        assert "eviction" not in message
+
+
+def test_feature_specs_listed_in_another_order_are_matched_by_name():
+    proc = check(mpiexec(2, JOB, "order", timeout=120))
+    held = {(r, t): sorted(map(int, keys.split(","))) for r, t, keys in
+            re.findall(r"HELD rank=(\d) table=(\w+) keys=([\d,]+)", proc.stdout)}
+    ids = {}
+    for rank in (0, 1):
+        rng = np.random.default_rng(rank)
+        ids.setdefault("ta", set()).update(rng.integers(0, 50, size=(32, 2)).ravel().tolist())
+        ids.setdefault("tb", set()).update(rng.integers(1000, 1050, size=(32, 3)).ravel().tolist())
+    for rank in (0, 1):
+        for table in ("ta", "tb"):
+            assert held[(str(rank), table)] == sorted(k for k in ids[table] if k % 2 == rank), (rank, table)
+
+
+def test_ranks_whose_tables_differ_stop_naming_the_first_difference():
+    proc = check(mpiexec(2, JOB, "dim_mismatch", timeout=120))
+    assert results(proc) == {"0": "ok=0 errors=5 first_error_batch=0", "1": "ok=0 errors=5 first_error_batch=0"}
+    for message in errors(proc).values():
+        assert ("differ at entry 2: rank 0 has feature 'b' (table 'tb', dim 4, key dtype int64, send_count dynamic), "
+                "rank 1 has feature 'b' (table 'tb', dim 8,") in message
+
+
+def test_an_evaluation_on_one_rank_times_out_naming_the_channel_and_the_missing_rank():
+    started = time.monotonic()
+    proc = mpiexec(2, JOB, "eval_one_rank", timeout=120, env={"SHARDREC_EXCHANGE_TIMEOUT_S": "4"})
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60, "the job ended long after the timeout"
+    message = errors(proc)["0"]
+    assert "key exchange 'eval' (rank 0 of 2), status round: rank(s) 1 did not arrive within 4 s" in message
+    assert float(results(proc)["0"].split("=")[1]) < 10
+    assert "[rank 0/2] uncaught error, ending the whole job" in proc.stderr
+
+
+def test_a_non_zero_exit_on_one_rank_ends_the_job_at_once_naming_rank_and_status():
+    started = time.monotonic()
+    proc = mpiexec(2, JOB, "exit_status", timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    assert "[rank 1/2] exiting with status 3, ending the whole job (MPI_Abort, status 3)" in proc.stderr
+    assert "MPI_ABORT was invoked on rank 1" in proc.stderr
+
+
+def test_a_rank_that_fails_before_init_ends_the_job():
+    started = time.monotonic()
+    proc = mpiexec(2, JOB, "raise_before_init", timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "RuntimeError: rank 1 fails before init()" in proc.stderr
+
+
+def test_a_rank_without_data_is_named_in_a_warning_on_every_rank():
+    proc = check(mpiexec(2, JOB, "empty_rank", timeout=120))
+    assert results(proc) == {"0": "ok=0 errors=0 first_error_batch=None", "1": "ok=0 errors=0 first_error_batch=None"}
+    for rank in (0, 1):
+        assert re.search(rf"\[rank {rank}/2\] .* WARNING shardrec.pipeline: train data: rank\(s\) \[1\] had no batch "
+                         r"at all in this pass", proc.stderr)
