@@ -184,7 +184,7 @@ def main(argv=None):
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
                f"samples_per_s={timed_steps * args.batch_size * size / train_seconds:.0f} "
                f"key_exchange_s={exchange['seconds_total']:.2f} key_collectives_s={exchange['seconds_in_collectives']:.2f} "
-               f"train_s={train_seconds:.2f} row_exchange_share={np.median(shares) if shares else float('nan'):.3f} "
+               f"train_s={train_seconds:.2f} row_exchange_share={f'{np.median(shares):.3f}' if shares else 'n/a'} "
                f"tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)
     terminate_config_initializer()

@@ -37,7 +37,7 @@ class FeatureSpec:
             raise NotImplementedError(f"{_OWNER} {name!r}: is_timestamp=True feeds time-based eviction, which is not "
                                       "available yet: shardrec does not implement feature admission and eviction yet")
         if self.batch_size is not None:
-            warn_once(f"{_OWNER}(batch_size=...) has no effect in shardrec: the batch size is the dataset's "
+            warn_once(f"{_OWNER}(batch_size={self.batch_size}) has no effect in shardrec: the batch size is the dataset's "
                       "(each batch may differ with dynamic shapes)", "shardrec.feature_spec")
         if self.faae_coefficient != 1:
             warn_once(f"{_OWNER}(faae_coefficient={self.faae_coefficient}) has no effect in shardrec: it weighs "

@@ -10,6 +10,20 @@ from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 
 _OWNER = "sparse_lookup"
+DISTINCT_ROWS_GATHER = "ShardrecDistinctRowsGather"
+
+
+@tf.RegisterGradient(DISTINCT_ROWS_GATHER)
+def _distinct_rows_gather_grad(op, grad):
+    """TensorFlow's ResourceGather gradient, except that its indices are the key pipeline's slot
+    tensor itself (1-D already, so no reshape): the sparse optimizers recognise it in the
+    pipeline's record of distinct slots (optimizers/base.py)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    params_shape = resource_variable_ops.variable_shape(op.inputs[0])
+    slots = op.inputs[1]
+    values = tf.reshape(grad, tf.concat([tf.shape(slots), params_shape[1:]], 0))
+    return tf.IndexedSlices(values, slots, params_shape), None
 
 
 def _routing(spec, batch):
@@ -130,7 +144,8 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
         # the sparse optimizers update those rows only, with no dedup of their own. The expand
         # gather's gradient sums the gradients of a row asked for by several ranks.
-        rows = tf.gather(hashtable.variable, slots)
+        with tf.compat.v1.get_default_graph().gradient_override_map({"ResourceGather": DISTINCT_ROWS_GATHER}):
+            rows = tf.gather(hashtable.variable, slots)
         hashtable.distinct_slot_tensors.add(slots.ref())
         if not is_grad:
             rows = tf.stop_gradient(rows)

@@ -1,7 +1,9 @@
 """Per-rank sparse checkpoints under real mpiexec: resharding N -> M, exact resume, a save killed
 midway, corrupted files; the oracle is what the saving ranks held (dumped by the job itself)."""
 import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +17,13 @@ import tensorflow as tf
 from mpi_helpers import JOBS, check, mpiexec
 
 JOB = "ckpt_job.py"
+
+
+def checkpoint_state(directory, latest_filename=None):
+    """The state file as plain TensorFlow reads it (whatever shardrec installed in this process)."""
+    from rank_runtime import saver
+
+    return saver._tf_get_checkpoint_state(str(directory), latest_filename)
 
 
 def _load(directory, tag, n):
@@ -80,10 +89,23 @@ def test_resume_is_exact_on_two_ranks(saved, tmp_path):
                 np.testing.assert_array_equal(resumed[r][f"{table}.{what}"], straight[r][f"{table}.{what}"])
 
 
+def _latest(proc):
+    return dict(re.findall(r"LATEST rank=(\d) path=(\S+)", proc.stdout))
+
+
 def test_per_rank_paths_restore_into_the_same_ranks_only(tmp_path):
-    check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "src", "--start", 0, "--end", 6, "--save", tmp_path / "model",
-                  "--per-rank-prefix", timeout=240))
+    proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "src", "--start", 0, "--end", 6, "--save",
+                         tmp_path / "model", "--per-rank-prefix", timeout=240))
     assert os.path.exists(tmp_path / "model-0-6.index") and os.path.exists(tmp_path / "model-1-6.index")
+    # Seed 001's loop: each rank's latest_checkpoint is its own, in this job and in the next.
+    assert _latest(proc) == {"0": "model-0-6", "1": "model-1-6"}
+    proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "next", "--start", 6, "--end", 8, "--restore-latest",
+                         tmp_path, "--save", tmp_path / "model", "--per-rank-prefix", timeout=240))
+    assert _latest(proc) == {"0": "model-0-8", "1": "model-1-8"}
+    for rank in (0, 1):
+        state = checkpoint_state(tmp_path, f"checkpoint.rank-{rank}")
+        assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [f"model-{rank}-6",
+                                                                                  f"model-{rank}-8"]
     proc = mpiexec(1, JOB, "--out", tmp_path, "--tag", "bad", "--restore", tmp_path / "model-0-6", timeout=120)
     assert proc.returncode != 0
     assert "written by 2 ranks each under its own path" in proc.stderr and "same path on every rank" in proc.stderr
@@ -109,12 +131,34 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_latest(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # every rank and mpiexec, while shard files are being written
     proc.wait()
     assert not os.path.exists(tmp_path / "model-12.index")
-    # A fresh job finds model-10 as the latest and restores it exactly.
-    check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "after", "--restore", tmp_path / "model-10", *big, timeout=300))
+    # Plain TensorFlow (no shardrec in this process's view) and a fresh job both find model-10 as
+    # the latest, without being told; the job restores it exactly.
+    assert checkpoint_state(tmp_path).model_checkpoint_path == str(tmp_path / "model-10")
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model-10")
+    check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "after", "--restore-latest", tmp_path, *big, timeout=300))
     before, after = _load(tmp_path, "before", 2), _load(tmp_path, "after", 2)
     for r in range(2):
         for what in ("keys", "values", "LazyAdam.m"):
             np.testing.assert_array_equal(after[r][f"emb.{what}"], before[r][f"emb.{what}"])
+    # The next save, in another process, keeps model-10 listed beside its own.
+    proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "later", "--start", 10, "--end", 11, "--restore-latest",
+                         tmp_path, "--save", tmp_path / "model", *big, timeout=300))
+    assert _latest(proc) == {"0": "model-11", "1": "model-11"}
+    assert [os.path.basename(p) for p in checkpoint_state(tmp_path).all_model_checkpoint_paths] == ["model-10",
+                                                                                                   "model-11"]
+
+
+def test_a_shard_damaged_on_one_rank_is_refused_on_every_rank_and_nothing_loads(saved, tmp_path):
+    shutil.copytree(saved / "n2", tmp_path / "n2")
+    _flip_byte(tmp_path / "n2" / "sparse-model-10")  # rank 1's shard only
+    proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "x", "--restore", tmp_path / "n2" / "model-10",
+                         "--catch-restore", timeout=240))
+    refused = dict(re.findall(r"REFUSED rank=(\d) (.*)", proc.stdout))
+    assert sorted(refused) == ["0", "1"], proc.stdout + proc.stderr[-3000:]
+    for line in refused.values():
+        assert line.startswith("keys=0 w_kept=1: Saver.restore("), line
+        assert "failed on rank(s) [1]" in line and "rank 1: " in line and "checksum mismatch" in line
+        assert "nothing was loaded on any rank" in line
 
 
 # In-process checks of bad checkpoints: one rank restoring the 2-rank checkpoint (a reshard, so it
@@ -159,7 +203,15 @@ def _truncate(root):
     path.write_bytes(path.read_bytes()[:-16])
 
 
+def _edit_rows(root):
+    path = root / "rank-0-of-2" / "MANIFEST.json"
+    manifest = json.loads(path.read_text())
+    manifest["tables"]["emb"]["rows"] += 1
+    path.write_text(json.dumps(manifest))
+
+
 CORRUPTIONS = [
+    (_edit_rows, r"rank-0-of-2/emb/keys.npy: \d+ keys, but the manifest says rows = \d+"),
     (_flip_byte, r"rank-1-of-2/emb/values.npy: checksum mismatch"),
     (_truncate, r"rank-0-of-2/emb/keys.npy: \d+ bytes, the manifest says \d+"),
     (lambda root: shutil.rmtree(root / "rank-1-of-2"), r"shards of rank\(s\) \[1\] of 2 are missing"),
@@ -169,7 +221,7 @@ CORRUPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("damage,message", CORRUPTIONS, ids=["flipped_byte", "truncated", "missing_rank",
+@pytest.mark.parametrize("damage,message", CORRUPTIONS, ids=["edited_rows", "flipped_byte", "truncated", "missing_rank",
                                                              "missing_manifest", "garbled_manifest"])
 def test_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, runtime, damage, message):
     from rank_runtime.sparse_checkpoint import CheckpointError
@@ -202,3 +254,23 @@ def test_latest_checkpoint_skips_one_with_a_missing_shard(saved, tmp_path, runti
     assert tf.train.latest_checkpoint(str(tmp_path / "n2")) == str(newer)
     shutil.rmtree(tmp_path / "n2" / "sparse-model-20" / "rank-1-of-2")  # rank 1 died while saving
     assert tf.train.latest_checkpoint(str(tmp_path / "n2")) == str(tmp_path / "n2" / "model-10")
+
+
+def test_export_gathers_every_rank_s_rows_of_a_table_into_one_npz(saved, tmp_path):
+    cli = os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt")
+    out = tmp_path / "emb.npz"
+    proc = subprocess.run([cli, "export", str(saved / "n2"), "--table", "emb", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "model-10 (step 10): table emb:" in proc.stdout
+    exported = np.load(out, allow_pickle=False)
+    assert sorted(exported.files) == ["LazyAdam.m", "LazyAdam.v", "keys", "values"]
+    source = _load(saved, "src2", 2)
+    for what in ("values", "LazyAdam.m", "LazyAdam.v"):
+        want = _by_key(source, "emb", what)
+        assert sorted(exported["keys"].tolist()) == sorted(want)
+        for key, row in zip(exported["keys"].tolist(), exported[what]):
+            np.testing.assert_array_equal(row, want[key], err_msg=f"{what} key {key}")
+    proc = subprocess.run([cli, "export", str(saved / "n2"), "--table", "nope"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 1 and "has no table 'nope'; it has ['emb', 'wide']" in proc.stderr

@@ -1,6 +1,7 @@
 """Estimator mode under 2 real ranks: train -> evaluate -> predict, checked against a tf.Session
 evaluation of the same checkpoint; and its errors."""
 import glob
+import sys
 import json
 import os
 
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_helpers import check, mpiexec
+from mpi_helpers import JOBS, check, mpiexec
+
+sys.path.insert(0, JOBS)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +74,74 @@ def test_estimator_needs_init(graph):
 
     with pytest.raises(RuntimeError, match="call init\\(\\) before creating the Estimator"):
         Estimator(lambda features, labels, mode: None)
+
+
+def _reference_model_fn(use_shardrec):
+    """Estimator_flow's model with SGD on the table and constant initial rows, so that plain
+    TensorFlow (a dense tf.Variable indexed by id, its sparse gradient applied by
+    GradientDescentOptimizer) is an exact oracle for shardrec's table."""
+    from estimator_flow import DIM, FIELDS
+
+    from mx_rec.optimizers import gradient_descent
+    from rank_runtime import create_table, sparse_lookup
+
+    def model_fn(features, labels, mode):
+        if use_shardrec:
+            table = create_table(tf.int64, DIM, "emb", tf.compat.v1.constant_initializer(0.05),
+                                 device_vocabulary_size=6000)
+            emb = sparse_lookup(table, features["ids"], is_train=mode == tf.estimator.ModeKeys.TRAIN,
+                                modify_graph=True)
+            rows = table.variable
+        else:
+            rows = tf.compat.v1.get_variable("emb_dense", [FIELDS * 1000, DIM],
+                                             initializer=tf.compat.v1.constant_initializer(0.05))
+            emb = tf.nn.embedding_lookup(rows, features["ids"])
+        with tf.compat.v1.variable_scope("tower"):
+            h = tf.compat.v1.layers.dense(tf.concat([tf.reshape(emb, [-1, FIELDS * DIM]), features["x"]], 1), 16,
+                                          tf.nn.relu, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=4))
+            logit = tf.squeeze(tf.compat.v1.layers.dense(
+                h, 1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=5)), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        if mode == tf.estimator.ModeKeys.EVAL:
+            return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+                "auc": tf.compat.v1.metrics.auc(labels, tf.sigmoid(logit))})
+        step = tf.compat.v1.train.get_or_create_global_step()
+        tower = tf.compat.v1.trainable_variables("tower")
+        table_sgd = (gradient_descent.create_hash_optimizer(0.5) if use_shardrec
+                     else tf.compat.v1.train.GradientDescentOptimizer(0.5))
+        train_op = tf.group(
+            tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss, var_list=tower, global_step=step),
+            table_sgd.apply_gradients([(tf.gradients(loss, rows)[0], rows)]))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+def test_estimator_training_matches_plain_tensorflow_and_learns(graph, tmp_path):
+    from estimator_flow import input_fn
+
+    from rank_runtime import Estimator, init
+
+    init()
+    run_config = tf.estimator.RunConfig(tf_random_seed=1, save_checkpoints_steps=1000)
+    ours = Estimator(_reference_model_fn(True), model_dir=str(tmp_path / "shardrec"), config=run_config)
+    plain = tf.estimator.Estimator(_reference_model_fn(False), model_dir=str(tmp_path / "plain"), config=run_config)
+    early = {}
+    for name, est in (("shardrec", ours), ("plain", plain)):
+        est.train(input_fn("train", 0), max_steps=2)
+        early[name] = est.evaluate(input_fn("eval", 0))
+        est.train(input_fn("train", 0), max_steps=40)  # the input starts again from its first batch
+    early = early["plain"]
+    # Evaluated on the training data: every key has a trained row in both (an unknown key reads
+    # zeros in shardrec, its initial row in the plain model).
+    got, want = ours.evaluate(input_fn("train", 0)), plain.evaluate(input_fn("train", 0))
+    assert got["global_step"] == want["global_step"] == 40
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+    assert got["auc"] == pytest.approx(want["auc"], abs=1e-4)
+    assert plain.evaluate(input_fn("eval", 0))["auc"] > early["auc"] + 0.05, "training learns on held-out data"
+    assert ours.evaluate(input_fn("eval", 0))["auc"] > early["auc"] + 0.05
+    shard = tmp_path / "shardrec" / "sparse-model.ckpt-40" / "rank-0-of-1" / "emb"
+    keys, values = np.load(shard / "keys.npy"), np.load(shard / "values.npy")
+    reference = tf.train.load_checkpoint(str(tmp_path / "plain")).get_tensor("emb_dense")
+    assert len(keys) > 100
+    np.testing.assert_allclose(values, reference[keys], atol=1e-5)

@@ -134,3 +134,20 @@ def test_rows_match_plain_tensorflow(name, mode, graph):
     untouched = np.setdiff1d(np.arange(final.shape[0]), slots)
     np.testing.assert_array_equal(final[untouched], initial[untouched])
     assert np.all(final[-1] == 0)
+
+
+@pytest.mark.parametrize("lookups,deduped", [(1, False), (2, True)])
+def test_only_a_gradient_summed_over_lookups_goes_through_tensorflow_dedup(graph, lookups, deduped):
+    """One lookup's rows are distinct (the pipeline dedups them on the owner): its gradient skips
+    TensorFlow's unique + segment sum; a table looked up twice gets a summed gradient that needs it."""
+    config.init()
+    names = ["a", "b"][:lookups]
+    specs = [FeatureSpec(n, table_name="emb") for n in names]
+    _, batch = batched_iterator({n: np.arange(8).reshape(4, 2) for n in names}, 2, specs)
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.zeros_initializer(), device_vocabulary_size=100)
+    loss = tf.add_n([tf.reduce_sum(sparse_lookup(table, s, batch=batch)) for s in specs])
+    grads = tf.gradients(loss, [table.variable])
+    before = {op.name for op in graph.get_operations()}
+    lazy_adam.create_hash_optimizer(0.1).apply_gradients(zip(grads, [table.variable]))
+    added = [op.type for op in graph.get_operations() if op.name not in before]
+    assert ("Unique" in added) == deduped, added

@@ -23,19 +23,35 @@ def _keys(i):
     return np.arange(5, dtype=np.int64) + 10 * i
 
 
+def _rows(keys, i):
+    """Checkpoint i's row of each key: distinct per key and per checkpoint, so a permutation of
+    rows, or rows from the wrong checkpoint, cannot pass."""
+    return (keys[:, None] * 1.0 + 100.0 * i + np.arange(4) * 0.25).astype(np.float32)
+
+
+def _assert_rows(keys, rows, i):
+    assert sorted(keys.tolist()) == _keys(i).tolist()
+    np.testing.assert_array_equal(rows, _rows(keys, i))
+
+
 @pytest.fixture
 def three_checkpoints(tmp_path):
-    """ws{i}/model-0 holds value i everywhere; its tables hold keys 10*i .. 10*i+4."""
+    """ws{i}/model-0 holds value i in its dense variables; its tables hold keys 10*i .. 10*i+4 with
+    the rows _rows(keys, i)."""
     paths = []
     for i in (1, 2, 3):
         with tf.Graph().as_default():
             init()
             tables, _, _ = _graph(i)
             saver = tf.compat.v1.train.Saver()
+            # Keys enter in another order than they sort, so rows do not follow key order.
+            order = _keys(i)[[3, 0, 4, 1, 2]]
+            writes = [tf.compat.v1.scatter_update(t.variable, np.arange(5), _rows(order, i)) for t in tables.values()]
             with tf.compat.v1.Session() as sess:
                 sess.run(tf.compat.v1.global_variables_initializer())
                 for table in tables.values():
-                    table.index.lookup(_keys(i), allocate=True)
+                    np.testing.assert_array_equal(table.index.lookup(order, allocate=True), np.arange(5))
+                sess.run(writes)
                 paths.append(saver.save(sess, str(tmp_path / f"ws{i}" / "model"), global_step=0))
             config.terminate_config_initializer()
     return paths
@@ -60,9 +76,7 @@ def test_session_mode_takes_each_variable_from_the_last_path_that_selects_it(thr
         np.testing.assert_array_equal(sess.run(w), np.full([4, 2], 3.0))   # entry 3
         np.testing.assert_array_equal(sess.run(b), np.full([2], 1.0))      # entry 1 only
         for table in tables.values():                                      # entry 2 overrides entry 1
-            keys, rows = _table_rows(sess, table)
-            np.testing.assert_array_equal(keys, _keys(2))
-            np.testing.assert_array_equal(rows, np.full([5, 4], 2.0))
+            _assert_rows(*_table_rows(sess, table), 2)
 
 
 def test_single_path_form_and_a_table_by_name(three_checkpoints, runtime):
@@ -71,9 +85,7 @@ def test_single_path_form_and_a_table_by_name(three_checkpoints, runtime):
         sess.run(tf.compat.v1.global_variables_initializer())
         warm_start(sess, tf.estimator.WarmStartSettings(ckpt_to_initialize_from=three_checkpoints[2],
                                                         vars_to_warm_start="user_table"))
-        keys, rows = _table_rows(sess, tables["user_table"])
-        np.testing.assert_array_equal(keys, _keys(3))
-        np.testing.assert_array_equal(rows, np.full([5, 4], 3.0))
+        _assert_rows(*_table_rows(sess, tables["user_table"]), 3)
         assert tables["item_table"].size() == 0, "a table no entry selects stays as it was"
         np.testing.assert_array_equal(sess.run(w), np.zeros([4, 2]))
 
@@ -104,8 +116,7 @@ def test_estimator_warm_start_from(three_checkpoints, runtime, tmp_path):
     np.testing.assert_array_equal(reader.get_tensor("mlp_layer_b"), np.full([2], 1.0))
     keys = np.load(tmp_path / "est" / "sparse-model.ckpt-1" / "rank-0-of-1" / "user_table" / "keys.npy")
     values = np.load(tmp_path / "est" / "sparse-model.ckpt-1" / "rank-0-of-1" / "user_table" / "values.npy")
-    np.testing.assert_array_equal(keys, _keys(2))
-    np.testing.assert_array_equal(values, np.full([5, 4], 2.0))
+    _assert_rows(keys, values, 2)
 
 
 def test_renaming_a_table_and_mismatched_lists_are_refused(three_checkpoints, runtime):

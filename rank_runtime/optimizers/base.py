@@ -19,12 +19,9 @@ from ..validation import check_number
 
 
 def _comes_from_one_lookup(indices):
-    """True when `indices` are the distinct slots of one sparse_lookup (seen through the reshape
-    that the gather gradient adds)."""
-    tensor = indices
-    while tensor.op.type in ("Reshape", "Identity"):
-        tensor = tensor.op.inputs[0]
-    return tensor.ref() in distinct_slot_refs()
+    """True when `indices` are the distinct slots of one sparse_lookup: the lookup's gather
+    gradient hands the pipeline's slot tensor over as it is (lookup.py)."""
+    return indices.ref() in distinct_slot_refs()
 
 
 class _Filled:

@@ -3,6 +3,11 @@ and save after; dumps what every rank holds afterwards.
 
     mpiexec -np N python ckpt_job.py --out DIR --tag T --start S --end E [--restore PATH] [--save PREFIX]
                                      [--per-rank-prefix] [--dim D] [--optimizer lazy_adam|sgd]
+                                     [--restore-latest DIR] [--catch-restore]
+
+--restore-latest DIR restores tf.train.latest_checkpoint(DIR), which every rank prints after its
+save as "LATEST rank=<r> path=<file name>". --catch-restore: a failing restore prints
+"REFUSED rank=<r> keys=<keys held> w_kept=<0|1>: <message>" and the job ends there with status 0.
 
 Writes DIR/T-rank<r>-of<N>.npz: per table its keys and the rows of values and slots, the losses of
 the steps run, and the dense weights. --save PREFIX writes PREFIX-<end> (PREFIX-<rank>-<end> with
@@ -88,6 +93,8 @@ def main():
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--end", type=int, default=0)
     p.add_argument("--restore")
+    p.add_argument("--restore-latest")
+    p.add_argument("--catch-restore", action="store_true")
     p.add_argument("--save")
     p.add_argument("--per-rank-prefix", action="store_true")
     p.add_argument("--dim", type=int, default=4)
@@ -106,8 +113,18 @@ def main():
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(hvd.broadcast_variables(g["dense"], root_rank=0))
-        if args.restore:
-            g["saver"].restore(sess, args.restore)
+        restore = tf.train.latest_checkpoint(args.restore_latest) if args.restore_latest else args.restore
+        if restore:
+            w_before = sess.run(g["w"])
+            try:
+                g["saver"].restore(sess, restore)
+            except Exception as e:
+                if not args.catch_restore:
+                    raise
+                held = sum(t.size() for t in g["tables"])
+                kept = int(np.array_equal(sess.run(g["w"]), w_before))
+                print(f"REFUSED rank={rank} keys={held} w_kept={kept}: {e}", flush=True)
+                return
         sess.run(g["iterator"].initializer)
         for _ in range(args.start, args.end):
             losses.append(sess.run([g["train_op"], g["loss"]])[1])
@@ -117,6 +134,8 @@ def main():
         if args.save:
             prefix = f"{args.save}-{rank}" if args.per_rank_prefix else args.save
             g["saver"].save(sess, prefix, global_step=args.end)
+            latest = tf.train.latest_checkpoint(os.path.dirname(os.path.abspath(prefix)))
+            print(f"LATEST rank={rank} path={os.path.basename(latest or 'None')}", flush=True)
         out = dump(sess, g)
     np.savez(os.path.join(args.out, f"{args.tag}-rank{rank}-of{size}.npz"), losses=np.array(losses, np.float32), **out)
     terminate_config_initializer()

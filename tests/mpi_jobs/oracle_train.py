@@ -1,7 +1,13 @@
 """Deterministic training over fixed global batches, each rank taking its slice of every global
 batch. Writes, per optimizer and rank, the keys this rank holds, their rows and the dense weights.
 
-    mpiexec -np N python oracle_train.py OUT_DIR
+    mpiexec -np N python oracle_train.py OUT_DIR [div|sum]
+
+div (default): tables use all2all_gradients_op="sum_gradients_and_div_by_ranksize", each rank's
+loss is the mean over its slice, Horovod averages dense gradients. sum: the default
+"sum_gradients", each rank's loss is its slice's sum over the global batch size, Horovod sums
+dense gradients. Either way N ranks compute the gradients of the global batch's mean loss, so
+they must reproduce one rank.
 """
 import os
 import sys
@@ -35,7 +41,7 @@ def my_slice(data, rank, size):
     return {k: v[rows] for k, v in data.items()}, local
 
 
-def train(opt_name, out_dir):
+def train(opt_name, out_dir, mode):
     tf.compat.v1.reset_default_graph()
     init()
     rank, size = get_rank_id(), get_rank_size()
@@ -46,14 +52,19 @@ def train(opt_name, out_dir):
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
     batch = iterator.get_next()
     # Every row starts equal, so the oracle does not depend on which row a key lands in.
+    gradients_op = "sum_gradients" if mode == "sum" else "sum_gradients_and_div_by_ranksize"
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=256,
-                         all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+                         all2all_gradients_op=gradients_op)
     emb = sparse_lookup(table, spec, batch=batch)
     w = tf.compat.v1.get_variable("w", [FIELDS * DIM + DENSE, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
     pred = tf.squeeze(tf.matmul(tf.concat([tf.reshape(emb, [-1, FIELDS * DIM]), batch["x"]], 1), w), 1)
-    loss = tf.reduce_mean(tf.square(pred - batch["y"]))
+    if mode == "sum":
+        loss = tf.reduce_sum(tf.square(pred - batch["y"])) / GLOBAL_BATCH
+    else:
+        loss = tf.reduce_mean(tf.square(pred - batch["y"]))
     dense, sparse = get_dense_and_sparse_variable()
-    dense_opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05))
+    dense_opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05),
+                                         op=hvd.Sum if mode == "sum" else hvd.Average)
     train_op = tf.group(dense_opt.minimize(loss, var_list=dense),
                         OPTIMIZERS[opt_name]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
     start_asc_pipeline()
@@ -71,7 +82,7 @@ def train(opt_name, out_dir):
         rows, w_value = sess.run([table.variable, w])
     keys, slots = table.index.export()
     global_size = table.global_size()
-    np.savez(os.path.join(out_dir, f"{opt_name}-rank{rank}-of{size}.npz"), keys=keys, rows=rows[slots], w=w_value,
+    np.savez(os.path.join(out_dir, f"{mode}-{opt_name}-rank{rank}-of{size}.npz"), keys=keys, rows=rows[slots], w=w_value,
              steps=steps, global_size=global_size, local_size=table.size())
     config.terminate_config_initializer()
 
@@ -79,4 +90,4 @@ def train(opt_name, out_dir):
 if __name__ == "__main__":
     tf.compat.v1.disable_eager_execution()
     for name in OPTIMIZERS:
-        train(name, sys.argv[1])
+        train(name, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "div")
