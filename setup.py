@@ -19,7 +19,7 @@ def mpicxx_flags(kind):
 
 
 native = Pybind11Extension(
-    "shardrec_native",
+    "shardrec.native.core",
     sources=["native/src/module.cpp"],
     include_dirs=["native/src", mpi4py.get_include()],
     cxx_std=17,

@@ -20,7 +20,7 @@ DIM = 16
 
 def build(keys):
     from mx_rec.optimizers import lazy_adam
-    from rank_runtime import create_table
+    from shardrec.rank_runtime import create_table
 
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
                          device_vocabulary_size=keys)
@@ -44,8 +44,8 @@ def main(argv=None):
     p.add_argument("--dir", required=True)
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
-    from rank_runtime import init
-    from rank_runtime.sparse_checkpoint import sparse_dir
+    from shardrec.rank_runtime import init
+    from shardrec.rank_runtime.sparse_checkpoint import sparse_dir
 
     init()
     keys = np.unique(workload.KEY_RANGE // 3 + np.arange(args.keys, dtype=np.int64) * 7919)

@@ -26,7 +26,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     if args.peer == "shardrec":
-        from rank_runtime import init
+        from shardrec.rank_runtime import init
 
         init()
     steps = args.keys // args.batch

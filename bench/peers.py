@@ -123,7 +123,7 @@ def tfra_horovod(dataset, dim, optimizer, capacity):
 def shardrec(dataset, dim, optimizer, capacity):
     """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer."""
     from mx_rec.optimizers import gradient_descent, lazy_adam
-    from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+    from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                               sparse_lookup, start_asc_pipeline)
 
     spec = FeatureSpec("ids", table_name="emb")

@@ -36,7 +36,7 @@ def main(argv=None):
 
     rank, size = 0, 1
     if args.peer == "shardrec":
-        from rank_runtime import get_rank_id, get_rank_size, init
+        from shardrec.rank_runtime import get_rank_id, get_rank_size, init
 
         init()
         rank, size = get_rank_id(), get_rank_size()

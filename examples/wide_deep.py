@@ -27,9 +27,9 @@ from mx_rec.core.embedding import create_table, sparse_lookup  # noqa: E402
 from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
-from rank_runtime.logs import get_logger  # noqa: E402
-from rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
-from rank_runtime.world import get_world  # noqa: E402
+from shardrec.rank_runtime.logs import get_logger  # noqa: E402
+from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
+from shardrec.rank_runtime.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
 DEEP_DIM = 16

@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from orchestrator.checkpoints import find_checkpoints, table_rows
-from rank_runtime.sparse_checkpoint import CheckpointError
+from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
 
 
 def _describe(ckpt):

@@ -1,2 +1,2 @@
 """The Rec SDK's import paths, so scripts written for it run on shardrec. Names only: the logic
-lives in rank_runtime."""
+lives in shardrec.rank_runtime."""

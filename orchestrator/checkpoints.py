@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rank_runtime import sparse_checkpoint as fmt
+from shardrec.rank_runtime import sparse_checkpoint as fmt
 
 
 @dataclass

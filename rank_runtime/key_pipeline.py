@@ -58,7 +58,7 @@ class _BatchKeyProcessor:
 
     def _feature_set(self, cfg, graph):
         if self._features is None:
-            import shardrec_native
+            from ..native import core as native_core
 
             state = cfg.graph_state(graph)
             tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
@@ -66,7 +66,7 @@ class _BatchKeyProcessor:
                            for s in self.specs]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'})" for s, t, c in zip(self.specs, tables, send_counts)]
-            self._features = shardrec_native.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
+            self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
                                                         "\n".join(lines))
         return self._features

@@ -36,9 +36,9 @@ class EmbeddingTable:
         self.is_save = is_save
         self.init_param = init_param
         self.all2all_gradients_op = all2all_gradients_op
-        import shardrec_native  # links MPI: imported once init() has started it
+        from ..native import core as native_core  # links MPI: imported once init() has started it
 
-        self.index = shardrec_native.EmbeddingIndex(name, capacity)
+        self.index = native_core.EmbeddingIndex(name, capacity)
         self.lookup_count = 0
         # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
         self.distinct_slot_tensors = set()

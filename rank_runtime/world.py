@@ -40,7 +40,7 @@ class World:
         timeout = exchange_timeout_s()
         from mpi4py import MPI
 
-        import shardrec_native
+        from ..native import core as native_core
 
         comm = MPI.COMM_WORLD
         self.rank = comm.Get_rank()
@@ -62,7 +62,7 @@ class World:
         # Each exchange lives on a communicator of its own; creating them is collective, and
         # every rank runs init() at the same point of the same script.
         self._comms = {name: comm.Dup() for name in CHANNELS}
-        self.exchanges = {name: shardrec_native.KeyExchange(self._comms[name], name, name == "train", timeout)
+        self.exchanges = {name: native_core.KeyExchange(self._comms[name], name, name == "train", timeout)
                           for name in CHANNELS}
         self._helper = comm.Dup()
         self._helper_broken = None

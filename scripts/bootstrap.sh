@@ -48,6 +48,6 @@ fi
 native_hash=$(cat "$root"/native/src/* "$root/setup.py" "$root/pyproject.toml" 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.native-stamp" 2>/dev/null)" != "$native_hash" ]; then
   log "building the native core"
-  PATH="$venv/bin:$PATH" pip_ install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$root"
+  PATH="$venv/bin:$PATH" pip_ install -q --no-deps --no-build-isolation --config-settings editable_mode=lenient -e "$root"
   echo "$native_hash" > "$venv/.native-stamp"
 fi

@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf.compat.v1.disable_eager_execution()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from rank_runtime import config  # noqa: E402
+from shardrec.rank_runtime import config  # noqa: E402
 
 
 @pytest.fixture

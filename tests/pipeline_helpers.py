@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from rank_runtime import FeatureSpec, get_asc_insert_func
+from shardrec.rank_runtime import FeatureSpec, get_asc_insert_func
 
 
 def batched_iterator(data, batch_size, specs, is_training=True):

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator
-from rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup
+from shardrec.rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup
 
 INIT = tf.compat.v1.zeros_initializer()
 

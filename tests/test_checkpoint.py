@@ -21,7 +21,7 @@ JOB = "ckpt_job.py"
 
 def checkpoint_state(directory, latest_filename=None):
     """The state file as plain TensorFlow reads it (whatever shardrec installed in this process)."""
-    from rank_runtime import saver
+    from shardrec.rank_runtime import saver
 
     return saver._tf_get_checkpoint_state(str(directory), latest_filename)
 
@@ -224,7 +224,7 @@ CORRUPTIONS = [
 @pytest.mark.parametrize("damage,message", CORRUPTIONS, ids=["edited_rows", "flipped_byte", "truncated", "missing_rank",
                                                              "missing_manifest", "garbled_manifest"])
 def test_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, runtime, damage, message):
-    from rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
 
     path = _damaged_copy(saved, tmp_path, damage)
     with pytest.raises(CheckpointError, match=message):
@@ -237,7 +237,7 @@ def test_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, runtime,
                             r"\(this graph: \['GradientDescent'\]\)"),
 ], ids=["dim", "optimizer"])
 def test_checkpoint_of_another_layout_is_refused(saved, runtime, kwargs, message):
-    from rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match=message):
         _restore_in_process(str(saved / "n2" / "model-10"), **kwargs)

@@ -13,7 +13,7 @@ CLI = os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt")
 
 def _save(directory):
     from mx_rec.optimizers import lazy_adam
-    from rank_runtime import create_table
+    from shardrec.rank_runtime import create_table
 
     table = create_table(tf.int64, 8, "user_table", tf.compat.v1.zeros_initializer(), device_vocabulary_size=50)
     grad = tf.IndexedSlices(tf.ones([1, 8]), tf.constant([0], tf.int32), tf.constant([51, 8]))
@@ -73,7 +73,7 @@ def test_inspect_checks_row_counts_and_the_dense_part(runtime, tmp_path):
 
 def test_table_export_in_a_session_gives_this_rank_s_keys_rows_and_slots(runtime, tmp_path):
     from mx_rec.optimizers import lazy_adam
-    from rank_runtime import create_table
+    from shardrec.rank_runtime import create_table
 
     table = create_table(tf.int64, 2, "t", tf.compat.v1.constant_initializer(0.5), device_vocabulary_size=10)
     grad = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([0, 1], tf.int32), tf.constant([11, 2]))

@@ -52,7 +52,7 @@ def test_rank0_writes_dense_and_summaries_every_rank_its_shards(flow):
 
 
 def test_table_created_outside_model_fn_is_a_clear_error(runtime, tmp_path):
-    from rank_runtime import Estimator, create_table, sparse_lookup
+    from shardrec.rank_runtime import Estimator, create_table, sparse_lookup
 
     outside = create_table(tf.int64, 4, "outside", tf.compat.v1.zeros_initializer(), device_vocabulary_size=10)
 
@@ -70,7 +70,7 @@ def test_table_created_outside_model_fn_is_a_clear_error(runtime, tmp_path):
 
 
 def test_estimator_needs_init(graph):
-    from rank_runtime import Estimator
+    from shardrec.rank_runtime import Estimator
 
     with pytest.raises(RuntimeError, match="call init\\(\\) before creating the Estimator"):
         Estimator(lambda features, labels, mode: None)
@@ -83,7 +83,7 @@ def _reference_model_fn(use_shardrec):
     from estimator_flow import DIM, FIELDS
 
     from mx_rec.optimizers import gradient_descent
-    from rank_runtime import create_table, sparse_lookup
+    from shardrec.rank_runtime import create_table, sparse_lookup
 
     def model_fn(features, labels, mode):
         if use_shardrec:
@@ -120,7 +120,7 @@ def _reference_model_fn(use_shardrec):
 def test_estimator_training_matches_plain_tensorflow_and_learns(graph, tmp_path):
     from estimator_flow import input_fn
 
-    from rank_runtime import Estimator, init
+    from shardrec.rank_runtime import Estimator, init
 
     init()
     run_config = tf.estimator.RunConfig(tf_random_seed=1, save_checkpoints_steps=1000)

@@ -70,13 +70,13 @@ def _iterator_batch():
 
 
 def _table(name="t"):
-    from rank_runtime import create_table
+    from shardrec.rank_runtime import create_table
 
     return create_table(tf.int64, 4, name, tf.compat.v1.zeros_initializer(), device_vocabulary_size=100)
 
 
 def test_ids_not_from_an_iterator_name_the_lookup_and_what_was_found(runtime):
-    from rank_runtime import sparse_lookup
+    from shardrec.rank_runtime import sparse_lookup
 
     ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="user_ids")
     with pytest.raises(ValueError, match=r"'my_lookup'.*Placeholder op 'user_ids'"):
@@ -91,7 +91,7 @@ def test_ids_not_from_an_iterator_name_the_lookup_and_what_was_found(runtime):
 
 
 def test_get_initializer_before_modification_and_modification_without_lookups_are_refused(runtime):
-    from rank_runtime.graph_modifier import get_initializer, modify_graph_and_start_emb_cache
+    from shardrec.rank_runtime.graph_modifier import get_initializer, modify_graph_and_start_emb_cache
 
     with pytest.raises(RuntimeError, match="not modified yet.*modify_graph_and_start_emb_cache"):
         get_initializer(True)
@@ -102,8 +102,8 @@ def test_get_initializer_before_modification_and_modification_without_lookups_ar
 
 
 def test_train_and_eval_lookups_on_one_iterator_are_refused(runtime):
-    from rank_runtime import sparse_lookup
-    from rank_runtime.graph_modifier import modify_graph_and_start_emb_cache
+    from shardrec.rank_runtime import sparse_lookup
+    from shardrec.rank_runtime.graph_modifier import modify_graph_and_start_emb_cache
 
     _, batch = _iterator_batch()
     table = _table()
@@ -114,7 +114,7 @@ def test_train_and_eval_lookups_on_one_iterator_are_refused(runtime):
 
 
 def test_modified_lookup_returns_the_ids_shape(runtime):
-    from rank_runtime import sparse_lookup
+    from shardrec.rank_runtime import sparse_lookup
 
     _, batch = _iterator_batch()
     emb = sparse_lookup(_table(), tf.reshape(batch["ids"], [-1, 2, 1]), modify_graph=True)

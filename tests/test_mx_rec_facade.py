@@ -3,7 +3,7 @@ import importlib
 
 import pytest
 
-import rank_runtime
+import shardrec.rank_runtime
 
 PATHS = {
     "mx_rec.core.embedding": ["create_table", "sparse_lookup"],
@@ -37,9 +37,9 @@ def test_facade_objects_are_the_runtime_objects():
     from mx_rec.core.embedding import create_table, sparse_lookup
     from mx_rec.util.initialize import init
 
-    assert create_table is rank_runtime.create_table
-    assert sparse_lookup is rank_runtime.sparse_lookup
-    assert init is rank_runtime.init
+    assert create_table is shardrec.rank_runtime.create_table
+    assert sparse_lookup is shardrec.rank_runtime.sparse_lookup
+    assert init is shardrec.rank_runtime.init
 
 
 NOT_BUILT = [
@@ -58,7 +58,7 @@ def test_names_not_built_yet_raise(path, name, capability):
 def test_capabilities_not_built_yet_refused_by_parameters(runtime):
     import tensorflow as tf
 
-    from rank_runtime import FeatureSpec, config, create_table, init
+    from shardrec.rank_runtime import FeatureSpec, config, create_table, init
 
     with pytest.raises(NotImplementedError, match="feature admission and eviction"):
         FeatureSpec("f", table_name="t", access_threshold=3)

@@ -1,7 +1,7 @@
 """The native key index against a plain Python dict / numpy oracle."""
 import numpy as np
 import pytest
-import shardrec_native as native
+from shardrec.native import core as native
 from mpi4py import MPI
 
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all, slot_row_initializer
-from rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ import tensorflow as tf
 original_map, original_saver = tf.data.Dataset.map, tf.compat.v1.train.Saver
 environ = dict(os.environ)
 import mx_rec.core.embedding, mx_rec.core.asc.helper, mx_rec.core.asc.manager, mx_rec.util.initialize
-import mx_rec.optimizers.lazy_adam, mx_rec.graph.modifier, mx_rec.estimator, rank_runtime
+import mx_rec.optimizers.lazy_adam, mx_rec.graph.modifier, mx_rec.estimator, shardrec.rank_runtime
 maps = open("/proc/self/maps").read()
 print("mpi4py.MPI loaded:", "mpi4py.MPI" in sys.modules)
 print("libmpi mapped:", "libmpi" in maps)
@@ -165,16 +165,23 @@ print("map patched:", tf.data.Dataset.map is not original_map)
 print("Saver patched:", tf.compat.v1.train.Saver is not original_saver)
 print("excepthook changed:", sys.excepthook is not sys.__excepthook__)
 print("environment changed:", dict(os.environ) != environ)
-from rank_runtime import init
+import importlib.metadata, importlib.util
+print("installed top level:", importlib.metadata.distribution("shardrec").read_text("top_level.txt").split())
+print("generic top level:", [n for n in ("rank_runtime", "orchestrator", "launch", "native", "shardrec_native")
+                             if importlib.util.find_spec(n) is not None])
+from shardrec.rank_runtime import init
 init()
 print("after init, map patched:", tf.data.Dataset.map is not original_map)
 """
 
 
-def test_importing_mx_rec_starts_no_mpi_and_patches_nothing():
+def test_one_installed_tree_and_importing_mx_rec_starts_no_mpi_and_patches_nothing(tmp_path):
+    # Run outside the repository, so that only what is installed can be imported.
     proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines == ["mpi4py.MPI loaded: False", "libmpi mapped: False", "map patched: False", "Saver patched: False",
-                     "excepthook changed: False", "environment changed: False", "after init, map patched: True"]
+                     "excepthook changed: False", "environment changed: False",
+                     "installed top level: ['mx_rec', 'shardrec']", "generic top level: []",
+                     "after init, map patched: True"]

@@ -2,7 +2,7 @@
 import pytest
 import tensorflow as tf
 
-from rank_runtime.step_profile import row_exchange_share
+from shardrec.rank_runtime.step_profile import row_exchange_share
 
 
 def _metadata(nodes):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rank_runtime import config, create_table, init
-from rank_runtime.warm_start import warm_start
+from shardrec.rank_runtime import config, create_table, init
+from shardrec.rank_runtime.warm_start import warm_start
 
 TABLES = ("user_table", "item_table")
 
@@ -92,7 +92,7 @@ def test_single_path_form_and_a_table_by_name(three_checkpoints, runtime):
 
 def test_estimator_warm_start_from(three_checkpoints, runtime, tmp_path):
     from mx_rec.optimizers import gradient_descent
-    from rank_runtime import Estimator, sparse_lookup
+    from shardrec.rank_runtime import Estimator, sparse_lookup
 
     def model_fn(features, labels, mode):
         tables, w, b = _graph(0)

@@ -1,3 +1,3 @@
-from rank_runtime.not_built import EvictHook
+from shardrec.rank_runtime.not_built import EvictHook
 
 __all__ = ["EvictHook"]

@@ -87,7 +87,7 @@ py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& k
 
 }  // namespace
 
-PYBIND11_MODULE(shardrec_native, m) {
+PYBIND11_MODULE(core, m) {
   m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
   if (import_mpi4py() < 0) throw py::error_already_set();
   py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);

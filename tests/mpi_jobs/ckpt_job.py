@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
                           get_rank_size, init, sparse_lookup, start_asc_pipeline, terminate_config_initializer)
 
 GLOBAL_BATCH, TOTAL_STEPS, FIELDS, DENSE = 16, 40, 3, 4

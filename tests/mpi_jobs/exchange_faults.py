@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import mx_rec.core.embedding  # noqa: F401 - what a Rec SDK script imports first
 from mx_rec.optimizers import lazy_adam
-from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
                           init, sparse_lookup, start_asc_pipeline)
 
 MODE = sys.argv[1]
@@ -194,7 +194,7 @@ if __name__ == "__main__":
             raise RuntimeError("rank 1 fails before init()")
         init()
         say("RESULT rank=0 initialised")
-        get_world = __import__("rank_runtime.world", fromlist=["get_world"]).get_world
+        get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world
         get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
     else:
         globals()[MODE]()

@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from rank_runtime import FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup
-from rank_runtime import start_asc_pipeline, terminate_config_initializer
+from shardrec.rank_runtime import FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup
+from shardrec.rank_runtime import start_asc_pipeline, terminate_config_initializer
 
 if __name__ == "__main__":
     tf.compat.v1.disable_eager_execution()

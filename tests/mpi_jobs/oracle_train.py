@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from rank_runtime import (FeatureSpec, config, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+from shardrec.rank_runtime import (FeatureSpec, config, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                           get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline)
 
 GLOBAL_BATCH, STEPS, FIELDS, DIM, DENSE = 16, 40, 3, 4, 4

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
-from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup,
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup,
                           start_asc_pipeline)
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup,
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_rank_id, init, sparse_lookup,
                           start_asc_pipeline, terminate_config_initializer)
 
 
