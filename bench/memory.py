@@ -23,6 +23,8 @@ def main(argv=None):
     p.add_argument("--peer", choices=["shardrec", "tfra"], required=True)
     p.add_argument("--keys", type=int, default=5_000_000)
     p.add_argument("--batch", type=int, default=50_000)
+    p.add_argument("--capacity-factor", type=float, default=1.0,
+                   help="table capacity (shardrec's device_vocabulary_size, TFRA's init_size) over the keys stored")
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     if args.peer == "shardrec":
@@ -38,7 +40,7 @@ def main(argv=None):
         return {"ids": ids, "rows": tf.zeros([args.batch, 1], tf.int32)}
 
     dataset = tf.data.Dataset.range(steps).map(batch_of_new_keys)
-    op, setup = peers.PEERS[args.peer](dataset, DIM, "lazy_adam", args.keys)
+    op, setup = peers.PEERS[args.peer](dataset, DIM, "lazy_adam", int(args.keys * args.capacity_factor))
     proc = psutil.Process()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.constant(0))  # the runtime's own start-up memory is not the table's
@@ -50,7 +52,7 @@ def main(argv=None):
         after = proc.memory_info().rss
     stored = steps * args.batch
     payload = DIM * 4 * 3  # values + Adam's m and v
-    print(json.dumps({"peer": args.peer, "keys": args.keys, "bytes_per_key": (after - before) / stored,
+    print(json.dumps({"peer": args.peer, "keys": args.keys, "capacity_factor": args.capacity_factor, "bytes_per_key": (after - before) / stored,
                       "payload_bytes_per_key": payload, "note": "RSS growth from before the variables exist to after all keys are stored"}),
           flush=True)
 

@@ -4,6 +4,7 @@ a user would use instead. Each builder takes a tf.data dataset of {"ids": [B, F]
 
 The model is the same everywhere: loss = mean over the batch of (sum of the looked-up rows)^2.
 """
+import numpy as np
 import tensorflow as tf
 
 LR = 0.001
@@ -24,16 +25,27 @@ def lazy_adam_update(var, m, v, indices, grad, step, lr=LR, b1=0.9, b2=0.999, ep
                     var.scatter_sub(tf.IndexedSlices(lr_t * m_rows / (tf.sqrt(v_rows) + eps), indices)))
 
 
-def _dense_rows_step(var, slots_var, rows_idx, optimizer, step):
-    """Shared by the two plain-TensorFlow peers: gather rows by index, update them lazily."""
-    unique, restore = tf.unique(tf.reshape(rows_idx, [-1]))
+def _embed(var, unique, restore, shape):
     rows = tf.gather(var, unique)
-    emb = tf.reshape(tf.gather(rows, restore), tf.concat([tf.shape(rows_idx), [var.shape[1]]], 0))
+    return rows, tf.reshape(tf.gather(rows, restore), tf.concat([shape, [var.shape[1]]], 0))
+
+
+def _unique_rows_step(var, slots_var, unique, restore, shape, optimizer, step):
+    """Gather the distinct rows once, expand them to the batch, update them lazily."""
+    rows, emb = _embed(var, unique, restore, shape)
     grad = tf.convert_to_tensor(tf.gradients(_loss(emb), rows)[0])
     if optimizer == "sgd":
         return var.scatter_sub(tf.IndexedSlices(LR * grad, unique))
     m, v = slots_var
     return lazy_adam_update(var, m, v, unique, grad, step)
+
+
+def _sgd_step(var, rows_idx):
+    """Plain TensorFlow's SGD needs no dedup: the gather's gradient goes to a scatter-sub, which
+    adds the gradients of repeated rows."""
+    emb = tf.gather(var, rows_idx)
+    grad = tf.gradients(_loss(emb), var)[0]
+    return var.scatter_sub(tf.IndexedSlices(LR * grad.values, grad.indices))
 
 
 def _variables(rows, dim, optimizer):
@@ -46,47 +58,78 @@ def _variables(rows, dim, optimizer):
     return var, slots
 
 
-def tf_premapped(dataset, dim, optimizer, capacity):
-    """TensorFlow's best case: ids already mapped to [0, V) outside the graph, no hashing at all."""
+def _premapped(dataset, dim, optimizer, capacity, dedup_in_dataset):
+    if optimizer == "lazy_adam" and dedup_in_dataset:
+        # What a careful TensorFlow user does: the dedup in the input pipeline, prefetched as
+        # shardrec's key pipeline is (prefetch(4)), so it overlaps the step.
+        def dedup(batch):
+            unique, restore = tf.unique(tf.reshape(batch["rows"], [-1]))
+            return dict(batch, unique=unique, restore=restore)
+
+        dataset = dataset.map(dedup).prefetch(4)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     var, slots = _variables(capacity, dim, optimizer)
     step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies([step.assign_add(1)]):
-        op = _dense_rows_step(var, slots, batch["rows"], optimizer, step)
+        if optimizer == "sgd":
+            return _sgd_step(var, batch["rows"]), lambda sess: None
+        if dedup_in_dataset:
+            unique, restore = batch["unique"], batch["restore"]
+        else:
+            unique, restore = tf.unique(tf.reshape(batch["rows"], [-1]))
+        op = _unique_rows_step(var, slots, unique, restore, tf.shape(batch["rows"]), optimizer, step)
     return op, lambda sess: None
+
+
+def tf_premapped(dataset, dim, optimizer, capacity):
+    """TensorFlow's best case: ids already mapped to [0, V) outside the graph, no hashing at all;
+    lazy Adam's dedup inside the step (SGD needs none)."""
+    return _premapped(dataset, dim, optimizer, capacity, dedup_in_dataset=False)
+
+
+def tf_premapped_ds(dataset, dim, optimizer, capacity):
+    """As tf_premapped, with lazy Adam's dedup moved into the dataset and prefetched (for SGD the
+    two are the same graph)."""
+    return _premapped(dataset, dim, optimizer, capacity, dedup_in_dataset=True)
 
 
 def tf_hash_table(dataset, dim, optimizer, capacity):
     """The porting baseline (seed 003): a DenseHashTable from key to row of a tf.Variable,
-    inserting unseen keys at the next free row."""
+    inserting unseen keys at the next free row. One dedup, one lookup of the distinct keys; the
+    table starts with room for `capacity` keys (no rehash while it fills)."""
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=-1,
-                                                  empty_key=-(2**63), deleted_key=-(2**63) + 1)
+    buckets = 1 << max(4, int(np.ceil(np.log2(capacity / 0.8))))  # its default max load factor is 0.8
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=-1, empty_key=-(2**63),
+                                                  deleted_key=-(2**63) + 1, initial_num_buckets=buckets)
     next_row = tf.compat.v1.get_variable("next_row", [], tf.int64, tf.zeros_initializer(), use_resource=True)
-    ids = tf.reshape(batch["ids"], [-1])
-    unique_ids, _ = tf.unique(ids)
+    unique_ids, restore = tf.unique(tf.reshape(batch["ids"], [-1]))
     found = table.lookup(unique_ids)
-    new_ids = tf.boolean_mask(unique_ids, found < 0)
-    first = next_row.assign_add(tf.cast(tf.size(new_ids), tf.int64)) - tf.cast(tf.size(new_ids), tf.int64)
-    insert = table.insert(new_ids, first + tf.range(tf.cast(tf.size(new_ids), tf.int64)))
+    is_new = found < 0
+    new_ids = tf.boolean_mask(unique_ids, is_new)
+    count = tf.cast(tf.size(new_ids), tf.int64)
+    first = next_row.assign_add(count) - count
+    new_rows = first + tf.range(count)
+    insert = table.insert(new_ids, new_rows)
     with tf.control_dependencies([insert]):
-        rows_idx = tf.reshape(tf.cast(table.lookup(ids), tf.int32), tf.shape(batch["ids"]))
+        rows = tf.tensor_scatter_nd_update(found, tf.where(is_new), new_rows)
     var, slots = _variables(capacity, dim, optimizer)
     step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies([step.assign_add(1)]):
-        op = _dense_rows_step(var, slots, rows_idx, optimizer, step)
+        op = _unique_rows_step(var, slots, tf.cast(rows, tf.int32), restore, tf.shape(batch["ids"]), optimizer, step)
     return op, lambda sess: None
 
 
 def tfra(dataset, dim, optimizer, capacity):
-    """TensorFlow Recommenders-Addons: dynamic_embedding with its optimizer wrapper."""
+    """TensorFlow Recommenders-Addons as its docs advise: dynamic_embedding with an initial
+    capacity (init_size) like shardrec's, embedding_lookup_unique (its dedup API: each distinct id
+    is looked up, trained and updated once), and its optimizer wrapper."""
     import tensorflow_recommenders_addons as tfra_lib
 
     de = tfra_lib.dynamic_embedding
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    params = de.get_variable("tfra_emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
+    params = de.get_variable("tfra_emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, init_size=capacity,
                              initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1))
-    emb = de.embedding_lookup(params, batch["ids"], name="tfra_lookup")
+    emb = de.embedding_lookup_unique(params, batch["ids"], name="tfra_lookup")
     base = (tf.compat.v1.train.GradientDescentOptimizer(LR) if optimizer == "sgd"
             else tf.compat.v1.train.AdamOptimizer(LR))
     opt = de.DynamicEmbeddingOptimizer(base)
@@ -110,7 +153,9 @@ def tfra_horovod(dataset, dim, optimizer, capacity):
     splits = tf.math.bincount(owner, minlength=size, maxlength=size)
     recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits)
     params = de.get_variable("tfra_emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
+                             init_size=capacity // size + 1,
                              initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1))
+    # recv_ids are distinct: each sender deduped, and each id has one owner.
     local = de.embedding_lookup(params, recv_ids, name="tfra_lookup")
     back, _ = hvd.alltoall(local, splits=recv_splits)
     rows = tf.scatter_nd(order[:, None], back, tf.stack([tf.size(unique), dim]))
@@ -139,5 +184,5 @@ def shardrec(dataset, dim, optimizer, capacity):
     return op, lambda sess: start_asc_pipeline()
 
 
-PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped, "tfra": tfra,
-         "tfra_horovod": tfra_horovod}
+PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped,
+         "tf_premapped_ds": tf_premapped_ds, "tfra": tfra, "tfra_horovod": tfra_horovod}

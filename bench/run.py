@@ -32,13 +32,25 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+SINGLE_RANK_PEERS = ("shardrec", "tf_premapped", "tf_premapped_ds", "tf_hash_table", "tfra")
+PEER_NOTES = {
+    "tf_premapped": "ids pre-mapped to rows outside the graph; lazy Adam's dedup in the step, SGD without dedup",
+    "tf_premapped_ds": "as tf_premapped, lazy Adam's dedup in the dataset map with prefetch(4), as shardrec's",
+    "tf_hash_table": "DenseHashTable key->row, one dedup, one lookup, pre-sized",
+    "tfra": "embedding_lookup_unique, init_size like shardrec's capacity",
+}
+
 # What shardrec's init() gives ranks that share the cores, given to every multi-rank peer alike.
 SHARED_CORES = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "HOROVOD_CYCLE_TIME": "0.2"}
 
 
-def run(cmd, ranks=1, timeout=900):
+def run(cmd, ranks=1, timeout=900, bind_to_core=False):
     env = ENV
-    if ranks > 1:
+    if bind_to_core:
+        # A core per rank, nothing shared: at most as many ranks as cores.
+        cmd = [MPIEXEC, "--bind-to", "core", "-np", str(ranks)] + cmd
+        env = dict(ENV, **SHARED_CORES)
+    elif ranks > 1:
         cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
         env = dict(ENV, **SHARED_CORES)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -78,7 +90,7 @@ def sparse_step(short, repeats):
             # Peers interleaved, so that a slow spell of the machine hits them all alike.
             samples = {}
             for _ in range(repeats):
-                for peer in ("shardrec", "tf_premapped", "tf_hash_table", "tfra"):
+                for peer in SINGLE_RANK_PEERS:
                     if not peer_available(peer):
                         continue
                     log(f"sparse step: {peer} dim {dim} {opt}")
@@ -95,11 +107,14 @@ def sparse_step(short, repeats):
                         [sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
                          "--optimizer", opt] + size + fewer_steps(peer, dim, short), ranks=2))["ids_per_s"])
             ours = statistics.median(samples["shardrec"])
-            for peer in ("tf_premapped", "tf_hash_table", "tfra"):
+            for peer in SINGLE_RANK_PEERS[1:]:
+                if peer == "tf_premapped_ds" and opt == "sgd":
+                    continue  # SGD needs no dedup: the same graph as tf_premapped
                 rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 1, "peer": peer,
                              "unit": "ids/s", "shardrec": ours,
                              "peer_value": statistics.median(samples[peer]) if peer in samples else None,
-                             "note": "" if peer in samples else "peer not installed (make bench installs it)"})
+                             "note": PEER_NOTES[peer] if peer in samples
+                             else "peer not installed (make bench installs it)"})
             ours_two = statistics.median(two["shardrec"])
             rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 2,
                          "peer": "shardrec 1 rank", "unit": "ids/s (aggregate)", "shardrec": ours_two,
@@ -131,7 +146,7 @@ def end_to_end(short, repeats):
         results[ranks] = (statistics.median(values), statistics.median(fractions), statistics.median(shares))
     rows.append({"workload": "end_to_end", "ranks": 2, "peer": "shardrec 1 rank", "unit": "samples/s",
                  "shardrec": results[2][0], "peer_value": results[1][0],
-                 "note": f"key exchange (pipeline thread) {100 * results[2][1]:.0f}% of train time at 2 ranks, "
+                 "note": f"median of {repeats} runs, steady state (after 20 warm-up steps); key exchange (pipeline thread) {100 * results[2][1]:.0f}% of train time at 2 ranks, "
                          f"{100 * results[1][1]:.0f}% at 1; row all-to-all in flight {100 * results[2][2]:.0f}% of "
                          f"step time at 2 ranks, {100 * results[1][2]:.0f}% at 1 (traced steps, waits included)",
                  "key_exchange_share": {r: results[r][1] for r in results},
@@ -140,18 +155,73 @@ def end_to_end(short, repeats):
 
 
 def memory(short):
+    """Bytes per stored key with the table exactly full (capacity = keys) and as users size tables
+    (capacity = 2x the keys); TFRA with its initial size set to the keys (its best practice)."""
     keys = "1000000" if short else "5000000"
     batch = "100000" if short else "50000"
     out = {}
-    for peer in ("shardrec", "tfra"):
+    for peer, factor in (("shardrec", "1"), ("shardrec", "2"), ("tfra", "1")):
         if peer_available(peer):
-            log(f"memory: {peer}, {keys} keys")
-            out[peer] = json_line(run([sys.executable, "bench/memory.py", "--peer", peer, "--keys", keys, "--batch", batch]))
-    ours = out["shardrec"]["bytes_per_key"]
-    return [{"workload": "memory", "keys": int(keys), "peer": "payload (values + Adam slots)", "unit": "bytes/key",
-             "shardrec": ours, "peer_value": out["shardrec"]["payload_bytes_per_key"], "note": "lower is better"},
-            {"workload": "memory", "keys": int(keys), "peer": "tfra", "unit": "bytes/key", "shardrec": ours,
-             "peer_value": out["tfra"]["bytes_per_key"] if "tfra" in out else None, "note": "lower is better"}]
+            log(f"memory: {peer}, {keys} keys, capacity {factor}x")
+            out[peer, factor] = json_line(run([sys.executable, "bench/memory.py", "--peer", peer, "--keys", keys,
+                                               "--batch", batch, "--capacity-factor", factor]))
+    full, sized = out["shardrec", "1"]["bytes_per_key"], out["shardrec", "2"]["bytes_per_key"]
+    payload = out["shardrec", "1"]["payload_bytes_per_key"]
+    rows = [{"workload": "memory", "keys": int(keys), "peer": "payload (values + Adam slots)", "unit": "bytes/key",
+             "shardrec": full, "peer_value": payload, "note": "table exactly full (capacity = keys); lower is better"},
+            {"workload": "memory", "keys": int(keys), "peer": "payload (values + Adam slots)", "unit": "bytes/key",
+             "shardrec": sized, "peer_value": payload,
+             "note": "capacity = 2x keys, as users size tables: the unused rows are allocated too"}]
+    tfra = out.get(("tfra", "1"))
+    rows.append({"workload": "memory", "keys": int(keys), "peer": "tfra", "unit": "bytes/key", "shardrec": full,
+                 "peer_value": tfra["bytes_per_key"] if tfra else None,
+                 "note": "both sized for the keys (TFRA init_size = keys)" if tfra else
+                 "peer not installed (make bench installs it)"})
+    return rows
+
+
+def scaling(short, repeats):
+    """A core per rank: 1 rank pinned to 1 core against 2 ranks pinned to a core each, one
+    TensorFlow thread per pool in both; efficiency = 2-rank aggregate / (2 x 1-rank)."""
+    size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
+    cmd = [sys.executable, "bench/sparse_step.py", "--peer", "shardrec", "--dim", "16", "--optimizer", "lazy_adam",
+           "--trace-steps", "5"] + size
+    results = {}
+    for ranks in (1, 2):
+        samples = []
+        for _ in range(repeats):
+            log(f"scaling: shardrec sparse step, {ranks} rank(s) pinned to a core each")
+            samples.append(json_line(run(cmd, ranks=ranks, bind_to_core=True)))
+        results[ranks] = {k: statistics.median(s[k] for s in samples)
+                          for k in ("ids_per_s", "key_exchange_share", "key_collectives_share", "row_exchange_share")}
+    one, two = results[1], results[2]
+    efficiency = two["ids_per_s"] / (2 * one["ids_per_s"])
+    return [{"workload": "scaling", "dim": 16, "optimizer": "lazy_adam", "ranks": 2,
+             "peer": "2 x shardrec 1 rank on 1 core", "unit": "ids/s (aggregate)", "shardrec": two["ids_per_s"],
+             "peer_value": 2 * one["ids_per_s"],
+             "note": f"efficiency {efficiency:.2f}; per step at 1 / 2 ranks: row all-to-all in flight "
+                     f"{100 * one['row_exchange_share']:.0f}% / {100 * two['row_exchange_share']:.0f}%, key exchange "
+                     f"{100 * one['key_exchange_share']:.0f}% / {100 * two['key_exchange_share']:.0f}% of wall time "
+                     f"(in MPI {100 * one['key_collectives_share']:.0f}% / {100 * two['key_collectives_share']:.0f}%)",
+             "efficiency": efficiency, "one_rank": one, "two_ranks": two}]
+
+
+def exchange_only(short):
+    """The native key exchange alone (no TensorFlow), a core per rank: weak scaling from 1 to 2
+    ranks and the batch-time tail (p99 against the median)."""
+    size = ["--distinct", "1000000", "--batches", "20", "--passes", "2"] if short else []
+    out = {}
+    for ranks in (1, 2):
+        log(f"exchange only: {ranks} rank(s) pinned to a core each")
+        out[ranks] = json_line(run([sys.executable, "bench/exchange_only.py"] + size, ranks=ranks, bind_to_core=True))
+    one, two = out[1], out[2]
+    return [{"workload": "exchange_only", "ranks": 2, "peer": "shardrec 1 rank (per rank)", "unit": "ids/s per rank",
+             "shardrec": two["ids_per_s_per_rank"], "peer_value": one["ids_per_s_per_rank"],
+             "note": f"weak-scaling efficiency {two['ids_per_s_per_rank'] / one['ids_per_s_per_rank']:.2f}; batch "
+                     f"p99/median {two['p99_ms'] / two['median_ms']:.2f} at 2 ranks ({two['median_ms']:.1f} / "
+                     f"{two['p99_ms']:.1f} ms), {one['p99_ms'] / one['median_ms']:.2f} at 1; inserting pass "
+                     f"p99 {two['insert_pass_p99_ms']:.1f} ms",
+             "one_rank": one, "two_ranks": two}]
 
 
 def disk_speed(megabytes):
@@ -159,9 +229,9 @@ def disk_speed(megabytes):
     data = np.random.default_rng(0).integers(0, 255, size=megabytes * 2**20, dtype=np.uint8)
     with tempfile.TemporaryDirectory(dir=ROOT) as d:
         path = os.path.join(d, "blob")
-        start = time.perf_counter()
         with open(path, "wb") as f:
-            f.write(data.tobytes())
+            start = time.perf_counter()  # the write and its fsync only: no copy of the data
+            f.write(memoryview(data))
             f.flush()
             os.fsync(f.fileno())
         write = megabytes / (time.perf_counter() - start)
@@ -221,8 +291,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + end_to_end(args.short, 1) + memory(args.short) + \
-        checkpoint(args.short)
+    rows = sparse_step(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
+        exchange_only(args.short) + \
+        memory(args.short) + checkpoint(args.short)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "mode": "short" if args.short else "full", "repeats": repeats, "seconds": round(time.time() - started),
               "machine": machine(), "rows": rows}

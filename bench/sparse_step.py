@@ -31,6 +31,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--windows", type=int, default=4)
+    p.add_argument("--trace-steps", type=int, default=0,
+                   help="shardrec: traced steps after the timed ones, for the row all-to-all's share of a step")
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
 
@@ -50,6 +52,7 @@ def main(argv=None):
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
     op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity)
+    shares = {}
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         setup(sess)
@@ -57,14 +60,40 @@ def main(argv=None):
             sess.run(op)
         per_window = max(1, args.steps // args.windows)
         rates = []
+        exchange_before, timed_start = _exchange_counters(args.peer), time.perf_counter()
         for _ in range(args.windows):
             start = time.perf_counter()
             for _ in range(per_window):
                 sess.run(op)
             rates.append(per_window * args.batch * args.fields * size / (time.perf_counter() - start))
+        if args.peer == "shardrec":
+            # The key exchange runs in the dataset's thread, ahead of the steps (prefetch): its share
+            # of the timed wall time, and the part of it spent waiting in MPI.
+            wall, after = time.perf_counter() - timed_start, _exchange_counters(args.peer)
+            shares["key_exchange_share"] = (after["seconds_total"] - exchange_before["seconds_total"]) / wall
+            shares["key_collectives_share"] = (after["seconds_in_collectives"] -
+                                               exchange_before["seconds_in_collectives"]) / wall
+        if args.trace_steps:
+            from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options
+
+            traced = []
+            for _ in range(args.trace_steps):
+                metadata = tf.compat.v1.RunMetadata()
+                sess.run(op, options=traced_run_options(), run_metadata=metadata)
+                traced.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
+            shares["row_exchange_share"] = float(np.median(traced))
     if rank == 0:
         print(json.dumps({"peer": args.peer, "dim": args.dim, "optimizer": args.optimizer, "ranks": size,
-                          "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen}), flush=True)
+                          "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen, **shares}),
+              flush=True)
+
+
+def _exchange_counters(peer):
+    if peer != "shardrec":
+        return {}
+    from shardrec.rank_runtime.world import get_world
+
+    return get_world().exchanges["train"].counters()
 
 
 if __name__ == "__main__":

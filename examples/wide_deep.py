@@ -44,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--static-shapes", action="store_true", help="init(use_dynamic=False) with send_count")
     p.add_argument("--model-dir", default="saved-model", help="where the Saver writes")
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--warmup-steps", type=int, default=20,
+                   help="steps before the throughput clock starts (session start, table initialisation, first "
+                        "batches excluded)")
     p.add_argument("--trace-steps", type=int, default=0,
                    help="trace the last N steps to report the row all-to-all's share of step time "
                         "(traced steps are left out of samples/s)")
@@ -147,18 +150,24 @@ def main(argv=None):
 
     os.makedirs(args.model_dir, exist_ok=True)
     ckpt_prefix = os.path.join(args.model_dir, f"model-{rank}")
-    start = time.time()
     with tf.compat.v1.Session() as sess:
         sess.run(train_iterator.initializer)
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(hvd.broadcast_variables(dense_variables, root_rank=0))
         window_start, window_steps, losses, step = time.time(), 0, [], 0
-        timed_steps, train_seconds, exchange, shares = args.steps - args.trace_steps, None, None, []
+        # Steady state: the clock runs from after the warm-up steps to the first traced step.
+        warmup = min(args.warmup_steps, max(0, args.steps - args.trace_steps - 1))
+        timed_end = args.steps - args.trace_steps
+        clock = {}
+        shares = []
+        exchange = get_world().exchanges["train"]
         for step in range(1, args.steps + 1):
-            if step == timed_steps + 1:
-                train_seconds, exchange = time.time() - start, get_world().exchanges["train"].counters()
+            if step == warmup + 1:
+                clock["start"], clock["exchange"] = time.time(), exchange.counters()
+            if step == timed_end + 1:
+                clock["end"], clock["exchange_end"] = time.time(), exchange.counters()
             try:
-                if step > timed_steps:
+                if step > timed_end:
                     metadata = tf.compat.v1.RunMetadata()
                     _, loss = sess.run([train_op, train_loss], options=traced_run_options(), run_metadata=metadata)
                     shares.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
@@ -174,16 +183,21 @@ def main(argv=None):
                 rate = window_steps * args.batch_size * size / (time.time() - window_start)
                 log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
                 window_start, window_steps = time.time(), 0
-        timed_steps = min(step, timed_steps)
-        if train_seconds is None:
-            train_seconds, exchange = time.time() - start, get_world().exchanges["train"].counters()
+        if "end" not in clock:
+            clock["end"], clock["exchange_end"] = time.time(), exchange.counters()
+        if "start" not in clock:  # the data ended during the warm-up
+            clock["start"], clock["exchange"] = clock["end"], clock["exchange_end"]
+        timed_steps = max(0, min(step, timed_end) - warmup)
+        train_seconds = clock["end"] - clock["start"]
+        exchange_s = clock["exchange_end"]["seconds_total"] - clock["exchange"]["seconds_total"]
+        collectives_s = clock["exchange_end"]["seconds_in_collectives"] - clock["exchange"]["seconds_in_collectives"]
         path = saver.save(sess, ckpt_prefix, global_step=step)
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)
     summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
-               f"samples_per_s={timed_steps * args.batch_size * size / train_seconds:.0f} "
-               f"key_exchange_s={exchange['seconds_total']:.2f} key_collectives_s={exchange['seconds_in_collectives']:.2f} "
+               f"samples_per_s={timed_steps * args.batch_size * size / max(train_seconds, 1e-9):.0f} "
+               f"key_exchange_s={exchange_s:.2f} key_collectives_s={collectives_s:.2f} "
                f"train_s={train_seconds:.2f} row_exchange_share={f'{np.median(shares):.3f}' if shares else 'n/a'} "
                f"tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)

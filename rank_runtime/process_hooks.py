@@ -59,7 +59,10 @@ def share_cores(local_size, exchange_timeout_s):
     on two row all-to-alls. Horovod stops a collective that some rank never joins after the key
     exchange's timeout, as the exchange does. Values the user set are kept; TensorFlow reads these
     when its first session starts, so init() must come before it."""
-    defaults = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(max(1, exchange_timeout_s)))}
+    limit = int(max(1, exchange_timeout_s))
+    # Horovod looks for stalled collectives every STALL_CHECK seconds (a warning naming the
+    # missing ranks) and ends the job once one has stalled STALL_SHUTDOWN seconds.
+    defaults = {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, limit)), "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(limit)}
     if local_size > 1:
         import psutil
 

@@ -336,7 +336,7 @@ def _apply_tables(sess, tables, shards):
         # draw other values, and a resumed run would then differ from an uninterrupted one.
         used = table.index.size() > 0 or table.index.counters()["inserted"] > 0
         sess.run([init for init, ok in zip(ops.initializers, done) if used or not ok])
-        table.index.clear(len(keys))
+        table.index.clear()
         rows_at = table.index.lookup(keys, allocate=True)
         feed = {ops.rows_at: rows_at}
         feed.update({ops.rows[name]: rows for name, rows in arrays.items()})

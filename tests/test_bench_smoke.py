@@ -15,7 +15,9 @@ def test_short_benchmark_writes_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     seen = {(r["workload"], r.get("ranks"), r["peer"]) for r in report["rows"]}
-    expected = {("sparse_step", 1, "tf_premapped"), ("sparse_step", 1, "tf_hash_table"), ("sparse_step", 1, "tfra"),
+    expected = {("sparse_step", 1, "tf_premapped"), ("sparse_step", 1, "tf_premapped_ds"),
+                ("sparse_step", 1, "tf_hash_table"), ("sparse_step", 1, "tfra"),
+                ("scaling", 2, "2 x shardrec 1 rank on 1 core"), ("exchange_only", 2, "shardrec 1 rank (per rank)"),
                 ("sparse_step", 2, "shardrec 1 rank"), ("sparse_step", 2, "tfra_horovod"),
                 ("end_to_end", 2, "shardrec 1 rank"),
                 ("memory", None, "payload (values + Adam slots)"), ("memory", None, "tfra"),
@@ -26,6 +28,12 @@ def test_short_benchmark_writes_every_row(tmp_path):
         if row["workload"] in ("sparse_step", "end_to_end", "checkpoint_save", "checkpoint_restore") and \
                 not row["peer"].startswith("tfra"):
             assert row["shardrec"] > 0 and row["peer_value"] > 0, row
+    memory = [r for r in report["rows"] if r["workload"] == "memory" and r["peer"].startswith("payload")]
+    assert len(memory) == 2 and "capacity = 2x keys" in memory[1]["note"]
+    scaling = next(r for r in report["rows"] if r["workload"] == "scaling")
+    assert 0 < scaling["efficiency"] and 0 < scaling["two_ranks"]["row_exchange_share"] < 1
+    exchange = next(r for r in report["rows"] if r["workload"] == "exchange_only")
+    assert exchange["two_ranks"]["keys_held"] > 0 and exchange["two_ranks"]["p99_ms"] >= exchange["two_ranks"]["median_ms"]
     e2e = next(r for r in report["rows"] if r["workload"] == "end_to_end")
     for ranks in ("1", "2"):
         assert 0 <= e2e["key_exchange_share"][ranks] < 1 and 0 <= e2e["row_exchange_share"][ranks] < 1, e2e

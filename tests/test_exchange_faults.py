@@ -94,3 +94,14 @@ def test_a_rank_without_data_is_named_in_a_warning_on_every_rank():
     for rank in (0, 1):
         assert re.search(rf"\[rank {rank}/2\] .* WARNING shardrec.pipeline: train data: rank\(s\) \[1\] had no batch "
                          r"at all in this pass", proc.stderr)
+
+
+def test_a_step_on_one_rank_only_ends_in_horovod_s_stall_shutdown():
+    started = time.monotonic()
+    proc = mpiexec(2, JOB, "step_one_rank", timeout=150, env={"SHARDREC_EXCHANGE_TIMEOUT_S": "5"})
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 100, "the job ended long after the timeout"
+    assert results(proc).get("1") == "skipped the step"
+    # Horovod names the rank that did not join the row all-to-all, then shuts down.
+    assert re.search(r"Missing ranks:\s*\n1!: \[t_lookup/HorovodAlltoall", proc.stderr), proc.stderr[-3000:]
+    assert "stalled for longer than 5 seconds. Will shutdown" in proc.stderr

@@ -28,10 +28,14 @@ struct IndexCounters {
 
 class EmbeddingIndex {
  public:
+  // The map is sized for the whole shard here, so that no batch stalls on a rehash (a rehash of a
+  // large map inside one batch made inserting batches 5-10x slower than the median). It costs
+  // 16 bytes per row of capacity, a quarter of a dim-16 row of values, which is allocated too.
   EmbeddingIndex(std::string name, int64_t capacity)
-      : name_(std::move(name)), capacity_(static_cast<int32_t>(capacity)), map_(1024) {
+      : name_(std::move(name)), capacity_(static_cast<int32_t>(capacity)) {
     if (capacity < 1 || capacity >= INT32_MAX)
       throw std::invalid_argument("capacity must be in [1, 2^31-2], got " + std::to_string(capacity));
+    map_.reserve(static_cast<size_t>(capacity));
   }
 
   const std::string& name() const { return name_; }
@@ -81,10 +85,10 @@ class EmbeddingIndex {
     return removed;
   }
 
-  // Forgets every key (a restore refills the index with about `expected` keys); counters are kept.
-  void clear(size_t expected) {
+  // Forgets every key; counters are kept. The map keeps its size (room for the whole shard).
+  void clear() {
     std::lock_guard<std::mutex> g(mu_);
-    map_ = KeySlotMap(expected);
+    map_.clear();
     free_.clear();
     free_.shrink_to_fit();
     next_slot_ = 0;

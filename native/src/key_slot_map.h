@@ -3,6 +3,7 @@
 // Load at most 3/4: 16 bytes per key at best, 21 at worst, for short probe runs with mix_key.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -47,6 +48,12 @@ class KeySlotMap {
   int32_t slot_at(size_t bucket) const { return slots_[bucket]; }
   int64_t key_at(size_t bucket) const { return keys_[bucket]; }
 
+  // Room for `n` keys without growing (never shrinks).
+  void reserve(size_t n) {
+    const size_t buckets = bucket_count_for(n);
+    if (buckets > keys_.size()) rehash(buckets);
+  }
+
   // Stores key→slot in the empty bucket found by probe(); may grow, which moves buckets.
   void insert_at(size_t bucket, int64_t key, int32_t slot) {
     keys_[bucket] = key;
@@ -74,6 +81,12 @@ class KeySlotMap {
     slots_[hole] = kEmpty;
     --size_;
     return slot;
+  }
+
+  // Forgets every key, keeping the buckets.
+  void clear() {
+    std::fill(slots_.begin(), slots_.end(), kEmpty);
+    size_ = 0;
   }
 
   template <typename F>

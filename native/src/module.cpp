@@ -118,11 +118,11 @@ PYBIND11_MODULE(core, m) {
           py::arg("keys"))
       .def(
           "clear",
-          [](EmbeddingIndex& index, size_t expected) {
+          [](EmbeddingIndex& index) {
             py::gil_scoped_release nogil;
-            index.clear(expected);
+            index.clear();
           },
-          py::arg("expected") = 1024, "Forgets every key; `expected` sizes the map for the keys that follow.")
+          "Forgets every key (the map keeps room for the whole shard).")
       .def("export", [](const EmbeddingIndex& index) {
         std::vector<int64_t> keys;
         std::vector<int32_t> slots;

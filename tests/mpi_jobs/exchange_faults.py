@@ -7,6 +7,7 @@
     dim_mismatch     table 'tb' has dim 4 on rank 0 and dim 8 on rank 1
     eval_one_rank    both ranks train, then rank 0 alone evaluates (short exchange timeout)
     exit_status      rank 1 calls sys.exit(3) while rank 0 trains on
+    step_one_rank    both ranks' pipelines run, but only rank 0 runs a training step (short timeout)
     raise_before_init  rank 1 raises after importing mx_rec, before init()
     empty_rank       rank 1's dataset is empty
 Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
@@ -170,6 +171,29 @@ def exit_status():
             sys.exit(3)
         while True:
             sess.run(loss)
+
+
+def step_one_rank():
+    init()
+    rank = get_rank_id()
+    ids = np.arange(64).reshape(32, 2)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(iterator.initializer)
+        sess.run(loss)
+        if rank == 0:
+            started = time.monotonic()
+            try:
+                sess.run(loss)
+            except tf.errors.OpError as e:
+                say(f"ERROR rank={rank}: {first_line(e)}")
+                say(f"RESULT rank={rank} waited={time.monotonic() - started:.1f}")
+                raise
+        else:
+            say(f"RESULT rank={rank} skipped the step")
+            time.sleep(120)
 
 
 def empty_rank():
