@@ -111,11 +111,11 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
         check_bool("init", name, value)
     if kwargs:
         raise TypeError(f"init: unknown parameter(s) {sorted(kwargs)}")
-    _warn_unused_steps(steps, if_load)
     if use_dynamic_expansion:
         raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
                                   "implement dynamic capacity expansion yet")
-    world = get_world()
+    world = get_world()  # starts MPI; from here on log lines carry the rank
+    _warn_unused_steps(steps, if_load)
     world.restart_channels()
     process_hooks.patch_tensorflow()
     if not _atexit_registered:

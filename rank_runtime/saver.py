@@ -152,7 +152,7 @@ class Saver(_TFSaver):
 
     def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
              write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
-        def dense_save(latest):
+        def dense_save(latest, write_state=write_state):
             return super(Saver, self).save(sess, save_path, global_step=global_step, latest_filename=latest,
                                            meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
                                            write_state=write_state, strip_default_attrs=strip_default_attrs,
@@ -173,21 +173,32 @@ class Saver(_TFSaver):
             # each rank's latest_checkpoint names its own latest (get_checkpoint_state reads it).
             latest_filename = rank_state_filename(cfg.rank)
         self._recover_earlier(os.path.dirname(os.path.abspath(save_path)), latest_filename)
-        # 1. Every rank commits its shard; 2. every rank learns whether all did; 3. only then is
-        # the dense part written and the checkpoint listed in the state file, so a save that dies
-        # or fails on any rank never becomes the latest checkpoint.
+        # 1. Every rank commits its shard, and every rank learns whether all did. 2. The dense part
+        # is written (by rank 0 alone when all ranks share the path), and again every rank learns
+        # whether it was. 3. Only then is the checkpoint listed in the state file. A save that dies
+        # or fails on any rank is therefore never the latest checkpoint, on any rank.
         shard = _attempt(lambda: self._save_tables(sess, path, step, shared))
         _agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
+        writes_dense = not shared or cfg.rank == 0
+        dense = _attempt(lambda: dense_save(None, write_state=False)) if writes_dense else _Attempt(path, None)
+        _agree(f"Saver.save({path!r}): writing the dense part", dense,
+               "the checkpoint is not listed; the previous one stays the latest")
+        if writes_dense and write_state:
+            self._list_checkpoint(dense.value, latest_filename, meta_graph_suffix)
         self._forget_old(shard.value)
         if shared and cfg.size > 1:
-            # One path for all ranks: rank 0 writes the dense part (equal on every rank) and the
-            # state file; every rank returns once that is done, so what follows (an evaluation of
-            # the latest checkpoint, say) sees it.
-            result = _attempt(lambda: dense_save(latest_filename)) if cfg.rank == 0 else _Attempt(path, None)
-            _agree(f"Saver.save({path!r}): rank 0 writing the dense part", result,
-                   "the table shards are written but the checkpoint is not listed; the previous one stays the latest")
-            return result.value
-        return dense_save(latest_filename)
+            # Every rank returns once the checkpoint is listed, so that what follows (an evaluation
+            # of the latest checkpoint, say) sees it.
+            get_world().gather_from_ranks(0, f"Saver.save({path!r}): rank 0 listing the checkpoint", SAVE_SYNC_S)
+        return dense.value
+
+    def _list_checkpoint(self, path, latest_filename, meta_graph_suffix):
+        """What TensorFlow's Saver.save does with write_state=True, once every rank has committed."""
+        self._RecordLastCheckpoint(path)
+        checkpoint_management.update_checkpoint_state_internal(
+            save_dir=os.path.dirname(path), model_checkpoint_path=path, all_model_checkpoint_paths=self.last_checkpoints,
+            latest_filename=latest_filename, save_relative_paths=self._save_relative_paths)
+        self._MaybeDeleteOldCheckpoints(meta_graph_suffix=meta_graph_suffix)
 
     def _recover_earlier(self, directory, latest_filename):
         """Lists the complete checkpoints of earlier processes in the state file again, as the

@@ -21,8 +21,8 @@ def test_short_benchmark_writes_every_row(tmp_path):
                 ("sparse_step", 2, "shardrec 1 rank"), ("sparse_step", 2, "tfra_horovod"),
                 ("end_to_end", 2, "shardrec 1 rank"),
                 ("memory", None, "payload (values + Adam slots)"), ("memory", None, "tfra"),
-                ("checkpoint_save", None, "disk sequential write+fsync"),
-                ("checkpoint_restore", None, "disk sequential read")}
+                ("checkpoint_save", None, "plain write+fsync of the same arrays"),
+                ("checkpoint_restore", None, "plain read of the same files")}
     assert expected <= seen, expected - seen
     for row in report["rows"]:
         if row["workload"] in ("sparse_step", "end_to_end", "checkpoint_save", "checkpoint_restore") and \

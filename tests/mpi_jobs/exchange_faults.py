@@ -134,28 +134,6 @@ def dim_mismatch():
         run_catching(sess, iterator, loss, rank)
 
 
-def eval_one_rank():
-    init()
-    rank = get_rank_id()
-    ids = np.arange(64).reshape(32, 2)
-    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8, is_training=False)
-    start_asc_pipeline()
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        if rank == 0:
-            sess.run(iterator.initializer)
-            started = time.monotonic()
-            try:
-                sess.run(loss)
-            except tf.errors.OpError as e:
-                say(f"ERROR rank={rank}: {first_line(e)}")
-                say(f"RESULT rank={rank} waited={time.monotonic() - started:.1f}")
-                raise
-        else:
-            say(f"RESULT rank={rank} skipped evaluation")
-            time.sleep(120)  # alive, just not evaluating
-
-
 def exit_status():
     init()
     rank = get_rank_id()
@@ -173,16 +151,19 @@ def exit_status():
             sess.run(loss)
 
 
-def step_one_rank():
+def one_rank_only(is_training):
+    """Both ranks build the same pipeline; only rank 0 runs the step (train: after one step that
+    both run, so the key exchange has already moved the batch and the wait is in Horovod)."""
     init()
     rank = get_rank_id()
     ids = np.arange(64).reshape(32, 2)
-    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8, is_training=is_training)
     start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(iterator.initializer)
-        sess.run(loss)
+        if is_training:
+            sess.run(loss)
         if rank == 0:
             started = time.monotonic()
             try:
@@ -192,8 +173,8 @@ def step_one_rank():
                 say(f"RESULT rank={rank} waited={time.monotonic() - started:.1f}")
                 raise
         else:
-            say(f"RESULT rank={rank} skipped the step")
-            time.sleep(120)
+            say(f"RESULT rank={rank} skipped the {'step' if is_training else 'evaluation'}")
+            time.sleep(120)  # alive, just not taking part
 
 
 def empty_rank():
@@ -220,5 +201,7 @@ if __name__ == "__main__":
         say("RESULT rank=0 initialised")
         get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world
         get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
+    elif MODE in ("eval_one_rank", "step_one_rank"):
+        one_rank_only(is_training=MODE == "step_one_rank")
     else:
         globals()[MODE]()
