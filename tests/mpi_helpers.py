@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+INIT_DEFAULTS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
+                 "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_jobs")
 
 
@@ -10,7 +12,10 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None):
     """Runs `job` (a path, or a file name in tests/mpi_jobs) on `nprocs` ranks; returns the CompletedProcess.
     `env`: variables added to this process's environment."""
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+    # init() in this test process sets defaults for its own ranks (thread pools, Horovod's stall
+    # limits): a job must choose its own, not inherit them.
+    inherited = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
+    env = dict(inherited, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [launcher, "--oversubscribe", "-np", str(nprocs), sys.executable, os.path.join(JOBS, job) if not os.path.isabs(job) else job, *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
