@@ -16,6 +16,7 @@ _EXPORTS = {
     "get_dense_and_sparse_variable": ".variables",
     "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".config",
     "terminate_config_initializer": ".config",
+    "report": ".heartbeat", "resume_checkpoint": ".heartbeat",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from . import process_hooks
+from . import heartbeat, process_hooks
 from .logs import get_logger, warn_once
 from .validation import INT32_MAX, check_bool, check_int
 from .world import get_world
@@ -127,6 +127,7 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
     _config = RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion,
                             if_load=if_load, bind_cpu=bind_cpu, rank=rank, size=size,
                             local_rank=local_rank, **steps)
+    heartbeat.start(rank, size)
     log.info("initialised: %d rank(s), %s shapes", size, "dynamic" if use_dynamic else "static")
     return _config
 

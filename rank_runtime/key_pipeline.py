@@ -30,7 +30,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import config
+from . import config, heartbeat
 from .feature_spec import FeatureSpec
 from .logs import get_logger, warn_once
 from .routing import FeatureRouting
@@ -94,6 +94,7 @@ class _BatchKeyProcessor:
             return [np.True_] + [a for keys in key_arrays
                                  for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32))]
         self.batches += 1
+        heartbeat.progress(**{f"{self.channel}_batches": self.batches})
         return [np.False_] + [a for outputs in result for a in outputs]
 
 

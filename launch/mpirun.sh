@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Plain mpirun launch, for users who call Open MPI themselves (no supervisor: no restarts, no hang
+# detection). Usage:  launch/mpirun.sh N [HOSTFILE] -- COMMAND...
+#   launch/mpirun.sh 2 -- python examples/wide_deep.py
+#   launch/mpirun.sh 4 launch/hostfile.example -- python train.py
+# Environment: SHARDREC_FORWARD="VAR1 VAR2" forwards more variables to remote ranks;
+# SHARDREC_BIND=core pins each rank to a core (only when ranks <= cores).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+np=${1:?usage: launch/mpirun.sh N [HOSTFILE] -- COMMAND...}
+shift
+hostfile=()
+if [ "${1:-}" != "--" ] && [ -n "${1:-}" ]; then
+  [ -r "$1" ] || { echo "launch/mpirun.sh: hostfile $1 cannot be read" >&2; exit 2; }
+  hostfile=(--hostfile "$1")
+  shift
+fi
+[ "${1:-}" = "--" ] && shift
+[ $# -gt 0 ] || { echo "launch/mpirun.sh: no COMMAND after --" >&2; exit 2; }
+mpiexec="$here/.venv/bin/mpiexec"
+[ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec)
+# Open MPI refuses root without these; containers run as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+args=(-np "$np" "${hostfile[@]}")
+# One host: as many ranks as asked, whatever its cores (shardrec's init() then shares the cores).
+[ ${#hostfile[@]} -eq 0 ] && args+=(--oversubscribe)
+[ -n "${SHARDREC_BIND:-}" ] && args+=(--bind-to "$SHARDREC_BIND")
+for var in PATH PYTHONPATH LD_LIBRARY_PATH TF_CPP_MIN_LOG_LEVEL SHARDREC_EXCHANGE_TIMEOUT_S ${SHARDREC_FORWARD:-}; do
+  [ -n "${!var+x}" ] && args+=(-x "$var")
+done
+exec "$mpiexec" "${args[@]}" "$@"

@@ -1,0 +1,90 @@
+"""shardrec-run: start a training job on N ranks under the supervisor.
+
+    shardrec-run -np N [-H host:slots,...] [--hostfile F] [-x VAR]... [--max-restarts K]
+                 [--hang-timeout S] [--checkpoint-dir D] [--run-dir D] [--] COMMAND...
+
+COMMAND is what every rank runs, as with mpirun and horovodrun (`shardrec-run -np 2 python
+train.py --epochs 3`). The supervisor keeps each rank's output in <run dir>/attempt-<k>/rank-<r>.log
+(rank 0's also here), follows the ranks' heartbeats, and when a rank dies or makes no progress for
+--hang-timeout seconds stops every process of the job and starts it again, resuming from the last
+complete checkpoint of --checkpoint-dir (the ranks find it through shardrec's resume_checkpoint(),
+or by themselves in Estimator / MonitoredTrainingSession jobs), at most --max-restarts times.
+
+Exit status: 0 done, 1 failed after the allowed restarts, 2 bad arguments, 130 interrupted.
+"""
+import argparse
+import os
+import shutil
+import sys
+import time
+
+from shardrec.orchestrator.supervisor import JobSpec, Supervisor
+
+
+def _check_command(command):
+    """The program must exist; for `python SCRIPT`, so must the script (a typo fails here, not on N ranks)."""
+    if not command:
+        raise ValueError("no COMMAND: give what every rank runs, e.g. shardrec-run -np 2 python train.py")
+    program = command[0]
+    if shutil.which(program) is None and not os.access(program, os.X_OK):
+        raise ValueError(f"{program!r}: no such program (not on PATH, not an executable file)")
+    if os.path.basename(program).startswith("python"):
+        args = [a for a in command[1:] if not a.startswith("-")]
+        if not any(a in ("-m", "-c") for a in command[1:]) and args and not os.path.isfile(args[0]):
+            raise ValueError(f"{args[0]!r}: no such script (relative to {os.getcwd()})")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="shardrec-run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-np", "-n", dest="np", type=int, required=True, help="number of ranks")
+    p.add_argument("-H", "--host", dest="hosts", help="hosts as host:slots,... (as mpirun -H)")
+    p.add_argument("--hostfile", help="an Open MPI hostfile (`host slots=N` per line)")
+    p.add_argument("-x", dest="forward_env", action="append", default=[],
+                   help="forward this environment variable to every rank (repeatable)")
+    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--hang-timeout", type=float, default=300.0,
+                   help="seconds a rank may make no progress before it counts as hung (default 300)")
+    p.add_argument("--checkpoint-dir", help="the job's checkpoint directory: restarts resume from its last "
+                                            "complete checkpoint")
+    p.add_argument("--run-dir", help="where logs, heartbeats and the summary go "
+                                     "(default shardrec-runs/<date>-<time>-<pid>)")
+    p.add_argument("--memory-share", type=float, default=0.9,
+                   help="report a rank whose memory passes this share of the host's (default 0.9)")
+    p.add_argument("--mpiexec-arg", dest="mpiexec_args", action="append", default=[],
+                   help="one more argument for mpiexec (repeatable), e.g. --mpiexec-arg=--bind-to "
+                        "--mpiexec-arg=core")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs")
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if args.np < 1:
+        p.error(f"-np {args.np}: the number of ranks must be at least 1")
+    if args.max_restarts < 0:
+        p.error(f"--max-restarts {args.max_restarts}: allowed: 0 (never restart) or more")
+    if not args.hang_timeout > 0:
+        p.error(f"--hang-timeout {args.hang_timeout}: allowed: a number of seconds > 0")
+    if not 0 < args.memory_share <= 1:
+        p.error(f"--memory-share {args.memory_share}: allowed: (0, 1]")
+    if args.hostfile and not os.access(args.hostfile, os.R_OK):
+        p.error(f"--hostfile {args.hostfile}: cannot be read")
+    try:
+        _check_command(args.command)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv=None):
+    args = _parse(argv)
+    run_dir = args.run_dir or os.path.join("shardrec-runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    spec = JobSpec(command=args.command, np=args.np, run_dir=os.path.abspath(run_dir), max_restarts=args.max_restarts,
+                   hang_timeout=args.hang_timeout,
+                   checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
+                   hosts=args.hosts, hostfile=args.hostfile, forward_env=args.forward_env,
+                   mpiexec_args=args.mpiexec_args, memory_share=args.memory_share)
+    return Supervisor(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

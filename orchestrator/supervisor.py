@@ -1,0 +1,393 @@
+"""The supervisor: runs one MPI job (`mpiexec ... COMMAND`) as a series of attempts, watches every
+rank, and restarts the whole job from the last committed checkpoint when a rank dies or hangs.
+
+One attempt:
+- `mpiexec --output tag` starts the ranks in a process session of its own; its tagged output is
+  split into `<run dir>/attempt-<k>/rank-<r>.log` (rank 0's lines also go to the terminal);
+- each rank writes heartbeats into `<run dir>/attempt-<k>/heartbeat/rank-<r>.json` when it makes
+  progress (rank_runtime/heartbeat.py): a rank whose heartbeat does not move for `hang_timeout`
+  seconds is hung; a rank near the host's memory is reported before the kernel kills it;
+- the attempt ends well when mpiexec exits 0 *and* every rank that beat has said goodbye (Open MPI
+  can exit 0 after losing a remote host), badly when mpiexec exits non-zero or a rank hangs. Then
+  every process of the attempt is killed and checked gone with psutil before anything else starts.
+
+Never imports TensorFlow: it starts at once and outlives any rank.
+"""
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from . import checkpoints
+
+_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
+# How Open MPI 5 and shardrec's exit hooks name the rank that failed, most specific first.
+_FAILED_RANK = (re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal"),
+                re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"),
+                re.compile(r"Process name: \[[^\]]*,(\d+)\]"))
+_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
+_SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
+TAIL_LINES = 60
+
+
+@dataclass
+class JobSpec:
+    command: list                       # what every rank runs, an argument list
+    np: int
+    run_dir: str
+    max_restarts: int = 3
+    hang_timeout: float = 300.0         # seconds without progress before a rank counts as hung
+    checkpoint_dir: str = None          # where the job saves; restarts resume from its last complete checkpoint
+    hosts: str = None                   # mpiexec -H
+    hostfile: str = None                # mpiexec --hostfile
+    forward_env: list = field(default_factory=list)  # mpiexec -x, for remote hosts
+    mpiexec_args: list = field(default_factory=list)
+    memory_share: float = 0.9           # warn when a rank's RSS passes this share of the host's memory
+    echo: bool = True                   # rank 0's output on this terminal
+    progress_every: float = 10.0        # seconds between progress lines when stdout is not a terminal
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    reason: str = ""
+    rank: int = None
+    exit_code: int = None
+    interrupted: bool = False
+
+
+def log(text):
+    print(f"[shardrec-run {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+class _Interrupt:
+    """SIGINT / SIGTERM end the job cleanly: the watch loop sees the flag and stops every rank."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __enter__(self):
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+class Attempt:
+    def __init__(self, spec, number, resume_from, interrupt):
+        self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
+        self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
+        self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
+        os.makedirs(self.heartbeat_dir, exist_ok=True)
+        self.tails = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
+        self.beats = {}          # rank -> last heartbeat
+        self.moved = {}          # rank -> supervisor time its progress last changed
+        self.peak_rss = collections.defaultdict(int)
+        self._warned_memory = set()
+
+    def command(self):
+        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+        if mpiexec is None:
+            raise FileNotFoundError("mpiexec not found next to this Python or on PATH (scripts/bootstrap.sh installs it)")
+        cmd = [mpiexec, "--output", "tag", "-np", str(self.spec.np)]
+        if self.spec.hostfile:
+            cmd += ["--hostfile", self.spec.hostfile]
+        if self.spec.hosts:
+            cmd += ["-H", self.spec.hosts]
+        if not self.spec.hostfile and not self.spec.hosts:
+            cmd.append("--oversubscribe")  # one host: as many ranks as asked, whatever its cores
+        for name in ["SHARDREC_RUN_DIR", "SHARDREC_ATTEMPT"] + (["SHARDREC_RESUME_FROM"] if self.resume_from else []) + \
+                list(self.spec.forward_env):
+            cmd += ["-x", name]
+        return cmd + list(self.spec.mpiexec_args) + list(self.spec.command)
+
+    def run(self):
+        env = dict(os.environ, SHARDREC_RUN_DIR=self.dir, SHARDREC_ATTEMPT=str(self.number), PYTHONUNBUFFERED="1")
+        if self.resume_from:
+            env["SHARDREC_RESUME_FROM"] = self.resume_from
+        cmd = self.command()
+        with open(os.path.join(self.dir, "command.json"), "w") as f:
+            json.dump({"command": cmd, "resume_from": self.resume_from}, f, indent=1)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True, text=True, errors="replace")
+        reader = threading.Thread(target=self._split_output, daemon=True)
+        reader.start()
+        try:
+            outcome = self._watch()
+        finally:
+            self.stop()
+            reader.join(timeout=10)
+        return outcome
+
+    def _split_output(self):
+        files = {}
+        other = open(os.path.join(self.dir, "mpiexec.log"), "w")
+        try:
+            for line in self.proc.stdout:
+                m = _TAGGED.match(line.rstrip("\n"))
+                if m is None:
+                    other.write(line)
+                    other.flush()
+                    self.tails["mpiexec"].append(line.rstrip("\n"))
+                    continue
+                rank, text = int(m.group(1)), m.group(3)
+                if rank not in files:
+                    files[rank] = open(os.path.join(self.dir, f"rank-{rank}.log"), "w")
+                files[rank].write(text + "\n")
+                files[rank].flush()
+                self.tails[rank].append(text)
+                if rank == 0 and self.spec.echo:
+                    print(f"[rank 0] {text}", flush=True)
+        finally:
+            for f in list(files.values()) + [other]:
+                f.close()
+
+    def _read_beats(self, now):
+        for rank in range(self.spec.np):
+            try:
+                with open(os.path.join(self.heartbeat_dir, f"rank-{rank}.json")) as f:
+                    beat = json.load(f)
+            except (OSError, ValueError):
+                continue  # not written yet, or being replaced
+            previous = self.beats.get(rank)
+            if previous is None or beat.get("progress") != previous.get("progress") or beat.get("exiting"):
+                self.moved[rank] = now
+            self.beats[rank] = beat
+            self.peak_rss[rank] = max(self.peak_rss[rank], int(beat.get("rss", 0)))
+
+    def _hung_rank(self, now):
+        """(the rank to blame, seconds without progress) once some rank passed the hang timeout.
+        A hung rank soon stalls the others in a collective: blame a rank whose process is stopped or
+        gone first, else the one that stalled first."""
+        stale = [(self.moved.get(r, self.started), r) for r in range(self.spec.np)
+                 if not self.beats.get(r, {}).get("exiting")
+                 and now - self.moved.get(r, self.started) > self.spec.hang_timeout]
+        if not stale:
+            return None, None
+        stopped = [r for _, r in stale if self._process_state(r).endswith(("stopped", "gone"))]
+        rank = stopped[0] if stopped else min(stale)[1]
+        return rank, now - self.moved.get(rank, self.started)
+
+    def _check_memory(self):
+        total = psutil.virtual_memory().total
+        for rank, beat in self.beats.items():
+            rss = int(beat.get("rss", 0))
+            if rss > self.spec.memory_share * total and rank not in self._warned_memory:
+                self._warned_memory.add(rank)
+                log(f"rank {rank} uses {rss / 2**30:.1f} GiB, over {self.spec.memory_share:.0%} of this host's "
+                    f"{total / 2**30:.1f} GiB: the kernel may kill it")
+
+    def _watch(self):
+        last_line, tty = 0.0, sys.stdout.isatty()
+        while True:
+            now = time.monotonic()
+            code = self.proc.poll()
+            self._read_beats(now)
+            if code is not None:
+                time.sleep(0.2)  # the last output lines and beats
+                self._read_beats(time.monotonic())
+                return self._ended(code)
+            if self.interrupt.signal is not None:
+                return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
+            rank, since = self._hung_rank(now)
+            if rank is not None:
+                state = self._process_state(rank)
+                return Outcome(False, f"rank {rank} made no progress for {since:.0f} s (hang timeout "
+                                      f"{self.spec.hang_timeout:.0f} s){state}", rank=rank)
+            self._check_memory()
+            if tty or now - last_line >= self.spec.progress_every:
+                self._progress_line(tty)
+                last_line = now
+            time.sleep(0.25)
+
+    def _process_state(self, rank):
+        pid = self.beats.get(rank, {}).get("pid")
+        try:
+            status = psutil.Process(pid).status() if pid else None
+        except psutil.Error:
+            return "; its process is gone"
+        return f"; its process is {status}" if status else ""
+
+    def _ended(self, code):
+        unfinished = [r for r, b in sorted(self.beats.items()) if not b.get("exiting")]
+        if code == 0:
+            if unfinished:
+                # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
+                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished (a lost host?)",
+                               rank=unfinished[0], exit_code=0)
+            return Outcome(True, exit_code=0)
+        text = "\n".join(self.tails["mpiexec"]) + "\n" + "\n".join(line for r in range(self.spec.np)
+                                                                    for line in self.tails[r])
+        rank = next((int(m.group(1)) for pattern in _FAILED_RANK for m in [pattern.search(text)] if m), None)
+        status, killed = _EXIT_CODE.search(text), _SIGNAL.search(text)
+        what = f"rank {rank}" if rank is not None else "a rank"
+        detail = (f" (killed by signal {killed.group(1)})" if killed
+                  else f" (status {status.group(1) or status.group(2)})" if status else "")
+        return Outcome(False, f"{what} failed{detail}; mpiexec exited {code}", rank=rank, exit_code=code)
+
+    def _progress_line(self, tty):
+        beat = self.beats.get(0)
+        if not beat:
+            return
+        step = beat.get("step", beat.get("train_batches"))
+        parts = [f"attempt {self.number}"]
+        total = beat.get("total_steps")
+        if step is not None:
+            parts.append(f"step {step}" + (f"/{total}" if total else ""))
+        if beat.get("samples_per_s"):
+            parts.append(f"{beat['samples_per_s']:.0f} samples/s")
+        if beat.get("loss") is not None:
+            parts.append(f"loss {beat['loss']:.4f}")
+        elapsed = time.monotonic() - self.started
+        if total and step:
+            parts.append(f"ETA {max(0.0, elapsed * (total - step) / step):.0f} s")
+        line = "  ".join(parts)
+        if tty:
+            print(f"\r[shardrec-run] {line}\033[K", end="", file=sys.stderr, flush=True)
+        else:
+            log(line)
+
+    def processes(self):
+        """Every process of this attempt still alive: mpiexec, its descendants, its session, and the
+        ranks that reported their pid."""
+        found = {}
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root] + root.children(recursive=True):
+                found[p.pid] = p
+        except psutil.Error:
+            pass
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == self.proc.pid:
+                    found[p.pid] = p
+            except (OSError, psutil.Error):
+                continue
+        for beat in self.beats.values():
+            pid = beat.get("pid")
+            if pid and pid not in found and psutil.pid_exists(pid):
+                try:
+                    found[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    pass
+        return [p for p in found.values() if p.pid != os.getpid()]
+
+    def stop(self):
+        """Kills every process of the attempt (a stopped rank too) and checks that none survives."""
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if alive:
+            raise RuntimeError(f"attempt {self.number}: processes {[p.pid for p in alive]} survived SIGKILL")
+
+
+def _without_mpi_banners(lines):
+    """A rank's last lines without Open MPI's boxed notices (MPI_ABORT ...), which say less than the
+    rank's own last words."""
+    out, inside = [], False
+    for line in lines:
+        if line.startswith("-" * 20):
+            inside = not inside
+            continue
+        if not inside and line.strip():
+            out.append(line)
+    return out
+
+
+def latest_checkpoint(directory):
+    """(dense prefix, step) of the newest complete checkpoint in `directory`, or (None, None)."""
+    if not directory or not os.path.isdir(directory):
+        return None, None
+    complete = [c for c in checkpoints.find_checkpoints(directory) if c.ok]
+    if not complete:
+        return None, None
+    return complete[-1].dense_prefix, complete[-1].step
+
+
+class Supervisor:
+    def __init__(self, spec):
+        self.spec = spec
+        self.attempts = []
+
+    def run(self):
+        """Runs the job; returns the exit status: 0 done, 1 failed after the allowed restarts, 130
+        interrupted."""
+        os.makedirs(self.spec.run_dir, exist_ok=True)
+        log(f"run directory {self.spec.run_dir}")
+        started = time.monotonic()
+        resume = None
+        with _Interrupt() as interrupt:
+            for number in range(self.spec.max_restarts + 1):
+                attempt = Attempt(self.spec, number, resume, interrupt)
+                self.attempts.append(attempt)
+                outcome = attempt.run()
+                if outcome.ok:
+                    self._summary(started, outcome)
+                    return 0
+                last, step = latest_checkpoint(self.spec.checkpoint_dir)
+                where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
+                if outcome.interrupted:
+                    log(f"stopped: {outcome.reason}; every rank is stopped{where}")
+                    return 130
+                log(f"attempt {number} failed: {outcome.reason}")
+                self._print_tail(attempt, outcome.rank)
+                if number == self.spec.max_restarts:
+                    log(f"giving up after {number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
+                    self._summary(started, outcome)
+                    return 1
+                resume = last
+                log(f"restarting the job (attempt {number + 1} of {self.spec.max_restarts + 1}) from "
+                    + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
+                       + (f" in {self.spec.checkpoint_dir})" if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
+        return 1
+
+    @staticmethod
+    def _print_tail(attempt, rank):
+        lines = attempt.tails.get(rank) if rank is not None else attempt.tails.get("mpiexec")
+        if not lines:
+            return
+        name = f"rank {rank}" if rank is not None else "mpiexec"
+        log(f"last lines of {name} ({os.path.join(attempt.dir, f'rank-{rank}.log' if rank is not None else 'mpiexec.log')}):")
+        for line in _without_mpi_banners(list(lines))[-12:]:
+            print(f"    {line}", file=sys.stderr)
+
+    def _summary(self, started, outcome):
+        last = self.attempts[-1]
+        summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": len(self.attempts) - 1,
+                   "seconds": round(time.monotonic() - started, 1), "reason": outcome.reason,
+                   "ranks": {r: {k: b.get(k) for k in ("step", "train_batches", "loss", "samples_per_s")}
+                             | {"peak_rss": max(a.peak_rss.get(r, 0) for a in self.attempts)}
+                             for r, b in sorted(last.beats.items())}}
+        if self.spec.checkpoint_dir and os.path.isdir(self.spec.checkpoint_dir):
+            found = checkpoints.find_checkpoints(self.spec.checkpoint_dir, verify=False)
+            summary["checkpoints"] = [c.name for c in found if c.ok]
+        with open(os.path.join(self.spec.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        peak = ", ".join(f"rank {r}: {v['peak_rss'] / 2**20:.0f} MiB" for r, v in summary["ranks"].items())
+        log(f"{'done' if outcome.ok else 'failed'}: {summary['attempts']} attempt(s), {summary['restarts']} restart(s), "
+            f"{summary['seconds']} s; peak memory {peak or 'n/a'}; summary in "
+            f"{os.path.join(self.spec.run_dir, 'summary.json')}")

@@ -1,0 +1,96 @@
+"""A MonitoredTrainingSession job as users write one, for the supervisor's tests: it saves every
+5 steps into CHECKPOINT_DIR and, started again, resumes there by itself; its data is a function of
+the step (global batch s is the same whichever attempt runs it). At the end every rank dumps its
+tables and the dense weights to OUT_DIR/final-rank<r>.npz.
+
+    shardrec-run -np 2 --checkpoint-dir CKPT -- python supervised_train.py CKPT OUT_DIR
+
+FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt only, SIGKILL or
+SIGSTOP itself or raise, once the given step is done (tests only).
+"""
+import os
+import signal
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from mx_rec.optimizers import lazy_adam
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+                                   get_rank_id, get_rank_size, init, report, sparse_lookup, start_asc_pipeline)
+
+TOTAL_STEPS, GLOBAL_BATCH, FIELDS, DIM = 30, 16, 3, 4
+
+
+def global_batches():
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 400, size=(TOTAL_STEPS, GLOBAL_BATCH, FIELDS)).astype(np.int64)
+    y = rng.normal(size=(TOTAL_STEPS, GLOBAL_BATCH)).astype(np.float32)
+    return ids, y
+
+
+def fault(rank, step):
+    spec = os.environ.get("FAULT")
+    if not spec or os.environ.get("SHARDREC_ATTEMPT", "0") != "0":
+        return
+    who, at, what = spec.split(":")
+    if int(who) != rank or int(at) != step:
+        return
+    print(f"FAULT rank={rank} step={step} {what}", flush=True)
+    if what == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif what == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+
+def main(checkpoint_dir, out_dir):
+    tf.compat.v1.disable_eager_execution()
+    init()
+    rank, size = get_rank_id(), get_rank_size()
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    start = int(latest.rsplit("-", 1)[1]) if latest else 0
+    ids, y = global_batches()
+    local = GLOBAL_BATCH // size
+    mine = slice(rank * local, (rank + 1) * local)
+    dataset = tf.data.Dataset.from_tensor_slices({"ids": ids[start:, mine], "y": y[start:, mine]})
+    spec = FeatureSpec("ids", table_name="emb")
+    dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(2)
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1),
+                         device_vocabulary_size=1000)
+    emb = sparse_lookup(table, spec, batch=batch)
+    w = tf.compat.v1.get_variable("w", [FIELDS * DIM, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    loss = tf.reduce_mean(tf.square(tf.squeeze(tf.matmul(tf.reshape(emb, [-1, FIELDS * DIM]), w), 1) - batch["y"]))
+    dense, sparse = get_dense_and_sparse_variable()
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.group(
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(loss, var_list=dense,
+                                                                                             global_step=step),
+        lazy_adam.create_hash_optimizer(0.02).apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    start_asc_pipeline()
+    with tf.control_dependencies([train_op]):
+        after = {"w": w.read_value(), "rows": table.variable.read_value()}  # the state this step leaves
+    # Every rank is a chief: each writes its table shard at the same steps (rank 0 the dense part).
+    with tf.compat.v1.train.MonitoredTrainingSession(
+            checkpoint_dir=checkpoint_dir, is_chief=True, save_checkpoint_steps=5,
+            save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None,
+            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=TOTAL_STEPS)]) as sess:
+        state, done = None, start
+        while not sess.should_stop():
+            value, state = sess.run([loss, after])
+            done += 1
+            report(step=done, loss=value, total_steps=TOTAL_STEPS)
+            fault(rank, done)
+    if state is None:
+        print(f"DONE rank={rank} step={done} resumed_from={start} (nothing left to train)", flush=True)
+        return
+    keys, rows_at = table.index.export()
+    np.savez(os.path.join(out_dir, f"final-rank{rank}.npz"), w=state["w"], step=done, keys=keys,
+             rows=state["rows"][rows_at])
+    print(f"DONE rank={rank} step={done} resumed_from={start}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,152 @@
+"""shardrec-run and the supervisor under real mpiexec: a rank killed, failing or frozen mid-run is
+detected, every process of the attempt is stopped, and the job restarts from the last complete
+checkpoint and ends with the tables and weights of an uninterrupted run; bad input is refused
+before anything starts."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+from mpi_helpers import INIT_DEFAULTS, JOBS
+
+RUN = os.path.join(os.path.dirname(sys.executable), "shardrec-run")
+JOB = os.path.join(JOBS, "supervised_train.py")
+
+
+def shardrec_run(*args, fault=None, timeout=300, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("FAULT", None)
+    if fault:
+        env["FAULT"] = fault
+    return subprocess.run([RUN, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def train(tmp, name, fault=None, extra=()):
+    ckpt, out, run = tmp / f"{name}-ckpt", tmp / f"{name}-out", tmp / f"{name}-run"
+    out.mkdir()
+    proc = shardrec_run("-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *extra, "--",
+                        sys.executable, JOB, ckpt, out, fault=fault)
+    return proc, out, run
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    proc, out, run = train(tmp, "ref")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def assert_same_final_state(out, reference):
+    for rank in (0, 1):
+        got, want = np.load(out / f"final-rank{rank}.npz"), np.load(reference / f"final-rank{rank}.npz")
+        assert int(got["step"]) == int(want["step"]) == 30
+        np.testing.assert_allclose(got["w"], want["w"], atol=1e-5)
+        assert sorted(got["keys"].tolist()) == sorted(want["keys"].tolist())
+        got_rows = dict(zip(got["keys"].tolist(), got["rows"]))
+        for key, row in zip(want["keys"].tolist(), want["rows"]):
+            np.testing.assert_allclose(got_rows[key], row, atol=1e-5, err_msg=f"rank {rank} key {key}")
+
+
+def attempt_pids(run, attempt):
+    pids = []
+    for name in os.listdir(run / f"attempt-{attempt}" / "heartbeat"):
+        if name.endswith(".json"):
+            pids.append(json.loads((run / f"attempt-{attempt}" / "heartbeat" / name).read_text())["pid"])
+    return pids
+
+
+@pytest.mark.parametrize("fault,why", [("1:12:kill", r"rank 1 failed"), ("0:7:raise", r"rank 0 failed")],
+                         ids=["sigkill", "exception"])
+def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterrupted_run(
+        tmp_path, uninterrupted, fault, why):
+    proc, out, run = train(tmp_path, "faulty", fault=fault)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    step = 10 if fault.startswith("1:12") else 5
+    assert re.search(rf"attempt 0 failed: {why}", proc.stderr), proc.stderr[-4000:]
+    assert re.search(rf"restarting the job \(attempt 1 of 4\) from \S+model.ckpt-{step} \(step {step}\)", proc.stderr)
+    assert f"DONE rank=0 step=30 resumed_from={step}" in proc.stdout  # rank 0's output reaches the terminal
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ok"] and summary["restarts"] == 1
+    assert (run / "attempt-0" / "rank-1.log").exists() and (run / "attempt-1" / "rank-1.log").exists()
+    assert_same_final_state(out, uninterrupted)
+    for pid in attempt_pids(run, 0):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survives(tmp_path, uninterrupted):
+    proc, out, run = train(tmp_path, "frozen", fault="1:8:stop", extra=("--hang-timeout", 15))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert re.search(r"attempt 0 failed: rank 1 made no progress for 1[5-9] s \(hang timeout 15 s\); its process is "
+                     r"stopped", proc.stderr), proc.stderr[-4000:]
+    for pid in attempt_pids(run, 0):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert_same_final_state(out, uninterrupted)
+
+
+def test_without_restarts_a_failing_rank_ends_the_run_naming_it_with_its_last_lines(tmp_path):
+    proc, _, run = train(tmp_path, "once", fault="1:4:raise", extra=("--max-restarts", 0))
+    assert proc.returncode == 1
+    assert "attempt 0 failed: rank 1 failed" in proc.stderr
+    assert "last lines of rank 1" in proc.stderr and "injected failure on rank 1 at step 4" in proc.stderr
+    assert "giving up after 1 attempt(s) (--max-restarts 0); the last complete checkpoint is" in proc.stderr
+    assert not json.loads((run / "summary.json").read_text())["ok"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-np", "0", "python", "x.py"], "-np 0: the number of ranks must be at least 1"),
+    (["-np", "2", "python", "no_such_script.py"], "'no_such_script.py': no such script"),
+    (["-np", "2", "no-such-program-here"], "'no-such-program-here': no such program"),
+    (["-np", "2", "--max-restarts", "-1", "python", "x.py"], "--max-restarts -1: allowed: 0 (never restart) or more"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "x.py"], "--hostfile /nonexistent/hosts: cannot be read"),
+    (["-np", "2"], "no COMMAND"),
+], ids=["np0", "missing_script", "missing_program", "negative_restarts", "hostfile", "no_command"])
+def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
+    (tmp_path / "x.py").write_text("")
+    proc = shardrec_run("--run-dir", tmp_path / "run", *args, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists(), "nothing started"
+
+
+def test_sigterm_stops_every_rank_and_says_where_the_last_checkpoint_is(tmp_path):
+    import signal
+    import time
+
+    ckpt, out, run = tmp_path / "ckpt", tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
+               FAULT="1:12:stop")  # rank 1 freezes: the job would not end by itself before the hang timeout
+    proc = subprocess.Popen([RUN, "-np", "2", "--checkpoint-dir", ckpt, "--run-dir", run, "--hang-timeout", "600",
+                             "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (ckpt / "checkpoint").exists():
+        time.sleep(0.2)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert re.search(r"stopped: interrupted by signal 15; every rank is stopped; the last complete checkpoint is "
+                     r"\S+model.ckpt-\d+ \(step \d+\)", stderr), stderr[-3000:]
+    for pid in attempt_pids(run, 0):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_plain_mpirun_script_runs_a_job_without_the_supervisor(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable,
+                           os.path.join(JOBS, "global_size.py")], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.findall(r"SIZES rank=\d local=(\d+) global=(\d+)", proc.stdout) == [("40", "80")] * 2
+    bad = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "/nonexistent/hosts", "--", "true"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "hostfile /nonexistent/hosts cannot be read" in bad.stderr
