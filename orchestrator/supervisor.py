@@ -379,15 +379,20 @@ class Supervisor:
         last = self.attempts[-1]
         summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": len(self.attempts) - 1,
                    "seconds": round(time.monotonic() - started, 1), "reason": outcome.reason,
-                   "ranks": {r: {k: b.get(k) for k in ("step", "train_batches", "loss", "samples_per_s")}
+                   "ranks": {r: {k: b.get(k) for k in ("step", "train_batches", "loss", "samples_per_s", "tables")}
                              | {"peak_rss": max(a.peak_rss.get(r, 0) for a in self.attempts)}
                              for r, b in sorted(last.beats.items())}}
+        totals = collections.Counter()
+        for beat in last.beats.values():
+            totals.update(beat.get("tables") or {})
+        summary["tables"] = dict(totals)  # keys held by all ranks together, per table
         if self.spec.checkpoint_dir and os.path.isdir(self.spec.checkpoint_dir):
             found = checkpoints.find_checkpoints(self.spec.checkpoint_dir, verify=False)
             summary["checkpoints"] = [c.name for c in found if c.ok]
         with open(os.path.join(self.spec.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         peak = ", ".join(f"rank {r}: {v['peak_rss'] / 2**20:.0f} MiB" for r, v in summary["ranks"].items())
+        tables = ", ".join(f"{name} {size} keys" for name, size in sorted(summary["tables"].items()))
         log(f"{'done' if outcome.ok else 'failed'}: {summary['attempts']} attempt(s), {summary['restarts']} restart(s), "
-            f"{summary['seconds']} s; peak memory {peak or 'n/a'}; summary in "
+            f"{summary['seconds']} s; peak memory {peak or 'n/a'}; tables {tables or 'n/a'}; summary in "
             f"{os.path.join(self.spec.run_dir, 'summary.json')}")

@@ -45,6 +45,9 @@ def progress(**fields):
     if _state["path"] is None:
         return
     _state["progress"] += 1
+    tables = fields.pop("tables", None)
+    if tables:
+        _state["fields"].setdefault("tables", {}).update(tables)
     _state["fields"].update(fields)
     _write()
 

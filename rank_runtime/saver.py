@@ -22,6 +22,7 @@ after a restore, because a restore refills the index in row order.
 Tables created after the Saver are not part of it (as with dense variables); tables created with
 is_save=False are never saved.
 """
+import json
 import os
 import shutil
 import zlib
@@ -131,6 +132,7 @@ class Saver(_TFSaver):
     def __init__(self, var_list=None, *args, **kwargs):
         self._tables = []
         self._sparse_saved = []
+        self._counter_writer = None
         if config.is_initialized():
             cfg = config.get_config()
             state = cfg.graph_state()
@@ -186,11 +188,33 @@ class Saver(_TFSaver):
         if writes_dense and write_state:
             self._list_checkpoint(dense.value, latest_filename, meta_graph_suffix)
         self._forget_old(shard.value)
+        if shared:
+            self._publish_counters(os.path.dirname(os.path.abspath(save_path)), step)
         if shared and cfg.size > 1:
             # Every rank returns once the checkpoint is listed, so that what follows (an evaluation
             # of the latest checkpoint, say) sees it.
             get_world().gather_from_ranks(0, f"Saver.save({path!r}): rank 0 listing the checkpoint", SAVE_SYNC_S)
         return dense.value
+
+    def _publish_counters(self, directory, step):
+        """Rank 0 writes every table's counters, summed over the ranks, as TensorBoard scalars
+        (`shardrec/<table>/<counter>`) under <dir>/shardrec_counters, at the checkpoint's step."""
+        cfg = config.get_config()
+        mine = {t.table_name: t.counters() for t in self._tables}
+        if cfg.size > 1:
+            texts = get_world().gather_texts(json.dumps(mine), "Saver.save: table counters", SAVE_SYNC_S)
+            if cfg.rank != 0:
+                return
+            parts = [json.loads(text) for text in texts]
+        else:
+            parts = [mine]
+        values = [tf.compat.v1.Summary.Value(tag=f"shardrec/{table}/{name}",
+                                             simple_value=float(sum(part[table][name] for part in parts)))
+                  for table in sorted(mine) for name in sorted(mine[table])]
+        if self._counter_writer is None:
+            self._counter_writer = tf.compat.v1.summary.FileWriter(os.path.join(directory, "shardrec_counters"))
+        self._counter_writer.add_summary(tf.compat.v1.Summary(value=values), step or 0)
+        self._counter_writer.flush()
 
     def _list_checkpoint(self, path, latest_filename, meta_graph_suffix):
         """What TensorFlow's Saver.save does with write_state=True, once every rank has committed."""

@@ -274,3 +274,15 @@ def test_export_gathers_every_rank_s_rows_of_a_table_into_one_npz(saved, tmp_pat
     proc = subprocess.run([cli, "export", str(saved / "n2"), "--table", "nope"], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert proc.returncode == 1 and "has no table 'nope'; it has ['emb', 'wide']" in proc.stderr
+
+
+def test_rank_0_writes_the_tables_counters_summed_over_ranks_as_tensorboard_scalars(saved):
+    events = [os.path.join(saved / "n2" / "shardrec_counters", f) for f in os.listdir(saved / "n2" / "shardrec_counters")]
+    assert len(events) == 1, "rank 0 alone writes them"
+    scalars = {v.tag: v.simple_value for e in tf.compat.v1.train.summary_iterator(events[0]) if e.step == 10
+               for v in e.summary.value}
+    source = _load(saved, "src2", 2)
+    for table in ("emb", "wide"):
+        assert scalars[f"shardrec/{table}/size"] == sum(len(d[f"{table}.keys"]) for d in source)
+        assert scalars[f"shardrec/{table}/keys_sent"] == scalars[f"shardrec/{table}/keys_received"] > 0
+    assert scalars["shardrec/emb/capacity"] == 2000  # the whole table: 1000 rows on each of 2 ranks

@@ -36,11 +36,34 @@ def train(tmp, name, fault=None, extra=()):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def reference_run(tmp_path_factory):
+    """The uninterrupted run, with a memory share low enough that every rank is reported."""
     tmp = tmp_path_factory.mktemp("reference")
-    proc, out, run = train(tmp, "ref")
+    proc, out, run = train(tmp, "ref", extra=("--memory-share", 0.001))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
+    return proc, out, run
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(reference_run):
+    return reference_run[1]
+
+
+def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference_run):
+    proc, out, run = reference_run
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ok"] and summary["attempts"] == 1 and summary["restarts"] == 0
+    keys = [np.load(out / f"final-rank{r}.npz")["keys"] for r in (0, 1)]
+    assert summary["tables"] == {"emb": sum(len(k) for k in keys)}
+    for rank in ("0", "1"):
+        assert summary["ranks"][rank]["step"] == 30 and summary["ranks"][rank]["peak_rss"] > 100 * 2**20
+        assert summary["ranks"][rank]["tables"] == {"emb": len(keys[int(rank)])}
+    assert summary["checkpoints"][-1] == "model.ckpt-30"
+    assert re.search(r"done: 1 attempt\(s\), 0 restart\(s\), .*tables emb \d+ keys", proc.stderr)
+    # Every rank passes 0.1% of the host's memory, and is reported once.
+    for rank in (0, 1):
+        assert len(re.findall(rf"rank {rank} uses [0-9.]+ GiB, over 0% of this host's [0-9.]+ GiB: the kernel may kill "
+                              r"it", proc.stderr)) == 1
 
 
 def assert_same_final_state(out, reference):
