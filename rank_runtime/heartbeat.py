@@ -17,7 +17,7 @@ ATTEMPT_ENV = "SHARDREC_ATTEMPT"
 RESUME_ENV = "SHARDREC_RESUME_FROM"
 MIN_INTERVAL_S = 0.5
 
-_state = {"fields": {}, "progress": 0, "written": 0.0, "path": None, "rank": None}
+_state = {"fields": {}, "progress": 0, "written": 0.0, "path": None, "rank": None, "tables": {}}
 
 
 def _path(rank):
@@ -40,14 +40,22 @@ def start(rank, size):
     _write(force=True)
 
 
+def active():
+    """Whether a supervisor reads this rank's heartbeats (callers skip their work otherwise)."""
+    return _state["path"] is not None
+
+
+def watch_tables(tables):
+    """Tables (name -> object with size()) whose key counts go into every beat; sizes are read only
+    when a beat is written, not on every progress."""
+    _state["tables"].update(tables)
+
+
 def progress(**fields):
     """One unit of progress (a batch exchanged, a step reported), with what the rank knows of it."""
     if _state["path"] is None:
         return
     _state["progress"] += 1
-    tables = fields.pop("tables", None)
-    if tables:
-        _state["fields"].setdefault("tables", {}).update(tables)
     _state["fields"].update(fields)
     _write()
 
@@ -73,6 +81,8 @@ def _write(force=False, **extra):
         return
     _state["written"] = now
     beat = dict(_state["fields"], progress=_state["progress"], time=now, **extra)
+    if _state["tables"]:
+        beat["tables"] = {name: table.size() for name, table in _state["tables"].items()}
     try:
         import psutil
 

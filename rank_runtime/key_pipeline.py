@@ -55,7 +55,6 @@ class _BatchKeyProcessor:
         self.graph = weakref.ref(graph)
         self.batches = 0
         self._features = None
-        self._tables = {}
 
     def _feature_set(self, cfg, graph):
         if self._features is None:
@@ -67,7 +66,8 @@ class _BatchKeyProcessor:
                            for s in self.specs]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'})" for s, t, c in zip(self.specs, tables, send_counts)]
-            self._tables = {t.table_name: t for t in tables}
+            if heartbeat.active():
+                heartbeat.watch_tables({t.table_name: t for t in tables})
             self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
                                                         "\n".join(lines))
@@ -96,8 +96,7 @@ class _BatchKeyProcessor:
             return [np.True_] + [a for keys in key_arrays
                                  for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32))]
         self.batches += 1
-        heartbeat.progress(**{f"{self.channel}_batches": self.batches},
-                           tables={name: t.size() for name, t in self._tables.items()})
+        heartbeat.progress(**{f"{self.channel}_batches": self.batches})
         return [np.False_] + [a for outputs in result for a in outputs]
 
 

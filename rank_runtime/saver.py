@@ -189,11 +189,9 @@ class Saver(_TFSaver):
             self._list_checkpoint(dense.value, latest_filename, meta_graph_suffix)
         self._forget_old(shard.value)
         if shared:
+            # Also the barrier after rank 0 listed the checkpoint: every rank returns once it is
+            # listed, so that what follows (an evaluation of the latest checkpoint, say) sees it.
             self._publish_counters(os.path.dirname(os.path.abspath(save_path)), step)
-        if shared and cfg.size > 1:
-            # Every rank returns once the checkpoint is listed, so that what follows (an evaluation
-            # of the latest checkpoint, say) sees it.
-            get_world().gather_from_ranks(0, f"Saver.save({path!r}): rank 0 listing the checkpoint", SAVE_SYNC_S)
         return dense.value
 
     def _publish_counters(self, directory, step):
@@ -211,10 +209,14 @@ class Saver(_TFSaver):
         values = [tf.compat.v1.Summary.Value(tag=f"shardrec/{table}/{name}",
                                              simple_value=float(sum(part[table][name] for part in parts)))
                   for table in sorted(mine) for name in sorted(mine[table])]
-        if self._counter_writer is None:
-            self._counter_writer = tf.compat.v1.summary.FileWriter(os.path.join(directory, "shardrec_counters"))
-        self._counter_writer.add_summary(tf.compat.v1.Summary(value=values), step or 0)
-        self._counter_writer.flush()
+        try:
+            if self._counter_writer is None:
+                self._counter_writer = tf.compat.v1.summary.FileWriter(os.path.join(directory, "shardrec_counters"))
+            self._counter_writer.add_summary(tf.compat.v1.Summary(value=values), step or 0)
+            self._counter_writer.flush()
+        except (OSError, tf.errors.OpError) as e:
+            # The checkpoint is committed and listed; the scalars are a view of it, not part of it.
+            log.warning("checkpoint saved, but its table counters could not be written to TensorBoard: %s", e)
 
     def _list_checkpoint(self, path, latest_filename, meta_graph_suffix):
         """What TensorFlow's Saver.save does with write_state=True, once every rank has committed."""

@@ -148,6 +148,22 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_latest(tmp_path):
                                                                                                    "model-11"]
 
 
+def test_a_save_failing_on_one_rank_fails_on_every_rank_and_lists_nothing(tmp_path):
+    (tmp_path / "blocked").write_text("a regular file where rank 1's directory should be")
+    proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "x", "--start", 0, "--end", 4, "--save",
+                         tmp_path / "model", "--per-rank-prefix", "--rank1-save", tmp_path / "blocked" / "model",
+                         "--catch-save", timeout=240))
+    refused = dict(re.findall(r"SAVE-REFUSED rank=(\d): (.*)", proc.stdout))
+    assert sorted(refused) == ["0", "1"], proc.stdout + proc.stderr[-3000:]
+    for line in refused.values():
+        assert "failed on rank(s) [1] (rank 1: " in line and "blocked" in line, line
+        assert "nothing was committed; the previous checkpoint stays the latest" in line
+    # Rank 0's own shard was committed, but neither its dense part nor its state file was written.
+    assert (tmp_path / "sparse-model-0-4" / "rank-0-of-2" / "MANIFEST.json").exists()
+    assert not (tmp_path / "model-0-4.index").exists()
+    assert not (tmp_path / "checkpoint.rank-0").exists() and not (tmp_path / "checkpoint").exists()
+
+
 def test_a_shard_damaged_on_one_rank_is_refused_on_every_rank_and_nothing_loads(saved, tmp_path):
     shutil.copytree(saved / "n2", tmp_path / "n2")
     _flip_byte(tmp_path / "n2" / "sparse-model-10")  # rank 1's shard only

@@ -152,7 +152,9 @@ class KeyExchange {
       }
     }
     if (allocate_) agree_on_capacity(fs, full_feature);
-    if (full_feature >= 0) throw ExchangeError(capacity_error);  // one rank: cannot happen past the agreement
+    // Unreachable today (eval never allocates; on train the agreement has thrown on every rank);
+    // kept so that a full table can never pass silently if a channel stops agreeing.
+    if (full_feature >= 0) throw ExchangeError(capacity_error);
     finish(t0);
     return true;
   }

@@ -3,11 +3,14 @@ and save after; dumps what every rank holds afterwards.
 
     mpiexec -np N python ckpt_job.py --out DIR --tag T --start S --end E [--restore PATH] [--save PREFIX]
                                      [--per-rank-prefix] [--dim D] [--optimizer lazy_adam|sgd]
-                                     [--restore-latest DIR] [--catch-restore]
+                                     [--restore-latest DIR] [--catch-restore] [--rank1-save PREFIX]
+                                     [--catch-save]
 
 --restore-latest DIR restores tf.train.latest_checkpoint(DIR), which every rank prints after its
 save as "LATEST rank=<r> path=<file name>". --catch-restore: a failing restore prints
 "REFUSED rank=<r> keys=<keys held> w_kept=<0|1>: <message>" and the job ends there with status 0.
+--rank1-save PREFIX: rank 1 saves there instead; --catch-save: a failing save prints
+"SAVE-REFUSED rank=<r>: <message>" and the job ends with status 0.
 
 Writes DIR/T-rank<r>-of<N>.npz: per table its keys and the rows of values and slots, the losses of
 the steps run, and the dense weights. --save PREFIX writes PREFIX-<end> (PREFIX-<rank>-<end> with
@@ -95,6 +98,8 @@ def main():
     p.add_argument("--restore")
     p.add_argument("--restore-latest")
     p.add_argument("--catch-restore", action="store_true")
+    p.add_argument("--rank1-save")
+    p.add_argument("--catch-save", action="store_true")
     p.add_argument("--save")
     p.add_argument("--per-rank-prefix", action="store_true")
     p.add_argument("--dim", type=int, default=4)
@@ -133,7 +138,15 @@ def main():
             g["tables"][0].index.lookup(keys, allocate=True)
         if args.save:
             prefix = f"{args.save}-{rank}" if args.per_rank_prefix else args.save
-            g["saver"].save(sess, prefix, global_step=args.end)
+            if rank == 1 and args.rank1_save:
+                prefix = args.rank1_save
+            try:
+                g["saver"].save(sess, prefix, global_step=args.end)
+            except Exception as e:
+                if not args.catch_save:
+                    raise
+                print(f"SAVE-REFUSED rank={rank}: {e}", flush=True)
+                return
             latest = tf.train.latest_checkpoint(os.path.dirname(os.path.abspath(prefix)))
             print(f"LATEST rank={rank} path={os.path.basename(latest or 'None')}", flush=True)
         out = dump(sess, g)
