@@ -15,6 +15,7 @@ Exit status: 0 done, 1 failed after the allowed restarts, 2 bad arguments, 130 i
 import argparse
 import os
 import shutil
+import socket
 import sys
 import time
 
@@ -32,6 +33,29 @@ def _check_command(command):
         args = [a for a in command[1:] if not a.startswith("-")]
         if not any(a in ("-m", "-c") for a in command[1:]) and args and not os.path.isfile(args[0]):
             raise ValueError(f"{args[0]!r}: no such script (relative to {os.getcwd()})")
+
+
+def _host_names(hosts, hostfile):
+    """(name, where it was given) of every host in -H and the hostfile."""
+    names = [(h.split(":")[0], "-H") for h in (hosts or "").split(",") if h.strip()]
+    if hostfile:
+        with open(hostfile) as f:
+            for number, line in enumerate(f, 1):
+                words = line.split("#", 1)[0].split()
+                if words:
+                    names.append((words[0], f"{hostfile} line {number}"))
+    return names
+
+
+def _check_hosts(hosts, hostfile):
+    """Every host name must resolve here: a typo fails before anything starts, not as a launch
+    timeout. (Whether a host answers is known only when mpiexec reaches it; the supervisor names it.)"""
+    for name, where in _host_names(hosts, hostfile):
+        try:
+            socket.getaddrinfo(name, None)
+        except socket.gaierror as e:
+            raise ValueError(f"host {name!r} ({where}): its name does not resolve ({e.strerror}); "
+                             f"allowed: a name or address this machine can reach") from None
 
 
 def _parse(argv):
@@ -70,6 +94,7 @@ def _parse(argv):
         p.error(f"--hostfile {args.hostfile}: cannot be read")
     try:
         _check_command(args.command)
+        _check_hosts(args.hosts, args.hostfile)
     except ValueError as e:
         p.error(str(e))
     return args

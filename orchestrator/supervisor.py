@@ -4,9 +4,11 @@ rank, and restarts the whole job from the last committed checkpoint when a rank 
 One attempt:
 - `mpiexec --output tag` starts the ranks in a process session of its own; its tagged output is
   split into `<run dir>/attempt-<k>/rank-<r>.log` (rank 0's lines also go to the terminal);
-- each rank writes heartbeats into `<run dir>/attempt-<k>/heartbeat/rank-<r>.json` when it makes
-  progress (rank_runtime/heartbeat.py): a rank whose heartbeat does not move for `hang_timeout`
-  seconds is hung; a rank near the host's memory is reported before the kernel kills it;
+- each rank's heartbeats (rank_runtime/heartbeat.py) arrive in that output, so no shared filesystem
+  is needed; the last of each is kept in `<run dir>/attempt-<k>/heartbeat/rank-<r>.json`. A rank
+  silent for `hang_timeout` seconds is frozen, dead or cut off (a whole host silent while another
+  host still beats is a lost host); a rank that beats but makes no progress for as long is hung; a
+  rank near the host's memory is reported before the kernel kills it;
 - the attempt ends well when mpiexec exits 0 *and* every rank that beat has said goodbye (Open MPI
   can exit 0 after losing a remote host), badly when mpiexec exits non-zero or a rank hangs. Then
   every process of the attempt is killed and checked gone with psutil before anything else starts.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from . import checkpoints
+from shardrec.rank_runtime import heartbeat
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
 # How Open MPI 5 and shardrec's exit hooks name the rank that failed, most specific first.
@@ -35,6 +38,7 @@ _FAILED_RANK = (re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited 
                 re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"),
                 re.compile(r"Process name: \[[^\]]*,(\d+)\]"))
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
+_REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
 
@@ -94,10 +98,14 @@ class Attempt:
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
         os.makedirs(self.heartbeat_dir, exist_ok=True)
         self.tails = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
+        self._lock = threading.Lock()  # the output reader records beats, the watch loop judges them
         self.beats = {}          # rank -> last heartbeat
         self.moved = {}          # rank -> supervisor time its progress last changed
+        self.heard = {}          # rank -> supervisor time its last beat arrived
         self.peak_rss = collections.defaultdict(int)
         self._warned_memory = set()
+        # Ticks often enough that a silent rank stands out well within the hang timeout.
+        self.tick = min(5.0, max(0.2, spec.hang_timeout / 6))
 
     def command(self):
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -110,15 +118,19 @@ class Attempt:
             cmd += ["-H", self.spec.hosts]
         if not self.spec.hostfile and not self.spec.hosts:
             cmd.append("--oversubscribe")  # one host: as many ranks as asked, whatever its cores
-        for name in ["SHARDREC_RUN_DIR", "SHARDREC_ATTEMPT"] + (["SHARDREC_RESUME_FROM"] if self.resume_from else []) + \
-                list(self.spec.forward_env):
+        forwarded = [heartbeat.RUN_DIR_ENV, heartbeat.ATTEMPT_ENV, heartbeat.INTERVAL_ENV]
+        if self.resume_from:
+            forwarded.append(heartbeat.RESUME_ENV)
+        for name in forwarded + list(self.spec.forward_env):
             cmd += ["-x", name]
         return cmd + list(self.spec.mpiexec_args) + list(self.spec.command)
 
     def run(self):
-        env = dict(os.environ, SHARDREC_RUN_DIR=self.dir, SHARDREC_ATTEMPT=str(self.number), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{heartbeat.RUN_DIR_ENV: self.dir,
+                                                         heartbeat.ATTEMPT_ENV: str(self.number),
+                                                         heartbeat.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
-            env["SHARDREC_RESUME_FROM"] = self.resume_from
+            env[heartbeat.RESUME_ENV] = self.resume_from
         cmd = self.command()
         with open(os.path.join(self.dir, "command.json"), "w") as f:
             json.dump({"command": cmd, "resume_from": self.resume_from}, f, indent=1)
@@ -146,6 +158,12 @@ class Attempt:
                     self.tails["mpiexec"].append(line.rstrip("\n"))
                     continue
                 rank, text = int(m.group(1)), m.group(3)
+                at = text.find(heartbeat.MARK)
+                if at >= 0:
+                    self._beat(rank, text[at + len(heartbeat.MARK):])
+                    text = text[:at]  # what the rank's script had written of a line before the beat
+                    if not text:
+                        continue
                 if rank not in files:
                     files[rank] = open(os.path.join(self.dir, f"rank-{rank}.log"), "w")
                 files[rank].write(text + "\n")
@@ -157,35 +175,67 @@ class Attempt:
             for f in list(files.values()) + [other]:
                 f.close()
 
-    def _read_beats(self, now):
-        for rank in range(self.spec.np):
-            try:
-                with open(os.path.join(self.heartbeat_dir, f"rank-{rank}.json")) as f:
-                    beat = json.load(f)
-            except (OSError, ValueError):
-                continue  # not written yet, or being replaced
+    def _beat(self, rank, text):
+        """Records one heartbeat of `rank` and keeps the last in the run directory."""
+        try:
+            beat = json.loads(text)
+        except ValueError:
+            return  # cut short by a dying rank
+        now = time.monotonic()
+        with self._lock:
             previous = self.beats.get(rank)
             if previous is None or beat.get("progress") != previous.get("progress") or beat.get("exiting"):
                 self.moved[rank] = now
+            self.heard[rank] = now
             self.beats[rank] = beat
             self.peak_rss[rank] = max(self.peak_rss[rank], int(beat.get("rss", 0)))
+        path = os.path.join(self.heartbeat_dir, f"rank-{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(beat, f)
+        os.replace(path + ".tmp", path)
 
-    def _hung_rank(self, now):
-        """(the rank to blame, seconds without progress) once some rank passed the hang timeout.
-        A hung rank soon stalls the others in a collective: blame a rank whose process is stopped or
-        gone first, else the one that stalled first."""
-        stale = [(self.moved.get(r, self.started), r) for r in range(self.spec.np)
-                 if not self.beats.get(r, {}).get("exiting")
-                 and now - self.moved.get(r, self.started) > self.spec.hang_timeout]
-        if not stale:
+    def _hung(self, now):
+        """Why the attempt is stuck, with the rank to blame, once some rank passed the hang timeout;
+        else (None, None). A rank that ticks no more (frozen, dead, or on a host cut off) explains
+        the others stalling in a collective, so silent ranks are blamed first, as a whole host when
+        every rank there fell silent while another host still ticks."""
+        limit = self.spec.hang_timeout
+        with self._lock:
+            live = [r for r in range(self.spec.np) if not self.beats.get(r, {}).get("exiting")]
+            silent = {r: now - self.heard.get(r, self.started) for r in live}
+            stalled = {r: now - self.moved.get(r, self.started) for r in live}
+            hosts = {r: b.get("host") for r, b in self.beats.items()}
+        if not any(t > limit for t in list(silent.values()) + list(stalled.values())):
             return None, None
-        stopped = [r for _, r in stale if self._process_state(r).endswith(("stopped", "gone"))]
-        rank = stopped[0] if stopped else min(stale)[1]
-        return rank, now - self.moved.get(rank, self.started)
+        quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])
+        if quiet:
+            lost = self._lost_host(quiet, hosts)
+            if lost:
+                ranks = [r for r in quiet if hosts.get(r) == lost]
+                return (f"host {lost} lost: no heartbeat from its rank(s) {ranks} for {silent[ranks[0]]:.0f} s "
+                        f"(hang timeout {limit:.0f} s) while the other hosts' ranks still beat", ranks[0])
+            rank = quiet[0]
+            where = f" on host {hosts[rank]}" if hosts.get(rank) else ""
+            return (f"rank {rank}{where} sent no heartbeat for {silent[rank]:.0f} s (hang timeout {limit:.0f} s)"
+                    f"{self._process_state(rank)}"), rank
+        rank = max(stalled, key=lambda r: stalled[r])
+        return (f"rank {rank} made no progress for {stalled[rank]:.0f} s (hang timeout {limit:.0f} s)"
+                f"{self._process_state(rank)}"), rank
+
+    @staticmethod
+    def _lost_host(quiet, hosts):
+        """The host whose every rank is quiet while some other host's rank is not, if there is one."""
+        by_host = collections.defaultdict(set)
+        for r, h in hosts.items():
+            by_host[h].add(r)
+        if len(by_host) < 2:
+            return None
+        lost = [h for h, ranks in by_host.items() if ranks <= set(quiet)]
+        return lost[0] if len(lost) == 1 else None
 
     def _check_memory(self):
         total = psutil.virtual_memory().total
-        for rank, beat in self.beats.items():
+        for rank, beat in list(self.beats.items()):
             rss = int(beat.get("rss", 0))
             if rss > self.spec.memory_share * total and rank not in self._warned_memory:
                 self._warned_memory.add(rank)
@@ -197,18 +247,14 @@ class Attempt:
         while True:
             now = time.monotonic()
             code = self.proc.poll()
-            self._read_beats(now)
             if code is not None:
                 time.sleep(0.2)  # the last output lines and beats
-                self._read_beats(time.monotonic())
                 return self._ended(code)
             if self.interrupt.signal is not None:
                 return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
-            rank, since = self._hung_rank(now)
-            if rank is not None:
-                state = self._process_state(rank)
-                return Outcome(False, f"rank {rank} made no progress for {since:.0f} s (hang timeout "
-                                      f"{self.spec.hang_timeout:.0f} s){state}", rank=rank)
+            why, rank = self._hung(now)
+            if why is not None:
+                return Outcome(False, why, rank=rank)
             self._check_memory()
             if tty or now - last_line >= self.spec.progress_every:
                 self._progress_line(tty)
@@ -224,15 +270,26 @@ class Attempt:
         return f"; its process is {status}" if status else ""
 
     def _ended(self, code):
-        unfinished = [r for r, b in sorted(self.beats.items()) if not b.get("exiting")]
+        beats = dict(self.beats)
+        unfinished = [r for r, b in sorted(beats.items()) if not b.get("exiting")]
         if code == 0:
             if unfinished:
                 # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
-                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished (a lost host?)",
-                               rank=unfinished[0], exit_code=0)
+                # The host that fell silent first is the one lost; the others' ranks were killed after.
+                now = time.monotonic()
+                first = max(unfinished, key=lambda r: now - self.heard[r])
+                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
+                                      f"{beats[first].get('host', '?')} (rank {first}) fell silent first, "
+                                      f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
+                               rank=first, exit_code=0)
             return Outcome(True, exit_code=0)
-        text = "\n".join(self.tails["mpiexec"]) + "\n" + "\n".join(line for r in range(self.spec.np)
-                                                                    for line in self.tails[r])
+        launcher = "\n".join(self.tails["mpiexec"])
+        daemon = _REMOTE_HOST.search(launcher)
+        if daemon and not beats:
+            return Outcome(False, f"mpiexec could not start its daemon on host {daemon.group(1)}, or that host did not "
+                                  f"answer (mpiexec exited {code}); check that the host is up, reachable from here and "
+                                  f"has this installation at the same path", exit_code=code)
+        text = launcher + "\n" + "\n".join(line for r in range(self.spec.np) for line in self.tails[r])
         rank = next((int(m.group(1)) for pattern in _FAILED_RANK for m in [pattern.search(text)] if m), None)
         status, killed = _EXIT_CODE.search(text), _SIGNAL.search(text)
         what = f"rank {rank}" if rank is not None else "a rank"
@@ -278,7 +335,7 @@ class Attempt:
                     found[p.pid] = p
             except (OSError, psutil.Error):
                 continue
-        for beat in self.beats.values():
+        for beat in list(self.beats.values()):
             pid = beat.get("pid")
             if pid and pid not in found and psutil.pid_exists(pid):
                 try:
@@ -372,7 +429,8 @@ class Supervisor:
             return
         name = f"rank {rank}" if rank is not None else "mpiexec"
         log(f"last lines of {name} ({os.path.join(attempt.dir, f'rank-{rank}.log' if rank is not None else 'mpiexec.log')}):")
-        for line in _without_mpi_banners(list(lines))[-12:]:
+        # mpiexec's own boxed notice is its message; a rank's last words say more than the boxes around them.
+        for line in (list(lines)[-20:] if rank is None else _without_mpi_banners(list(lines))[-12:]):
             print(f"    {line}", file=sys.stderr)
 
     def _summary(self, started, outcome):

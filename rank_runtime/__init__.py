@@ -15,6 +15,7 @@ _EXPORTS = {
     "sparse_lookup": ".lookup",
     "get_dense_and_sparse_variable": ".variables",
     "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".config",
+    "get_if_load": ".config", "set_if_load": ".config",
     "terminate_config_initializer": ".config",
     "report": ".heartbeat", "resume_checkpoint": ".heartbeat",
 }

@@ -32,6 +32,8 @@ class RuntimeConfig:
     rank: int
     size: int
     local_rank: int
+    # A checkpoint was restored (or warm-started) in this process: what if_load=True waits for.
+    loaded: bool = False
     graphs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     def graph_state(self, graph=None):
@@ -66,7 +68,7 @@ _config = None
 _atexit_registered = []
 
 
-def _warn_unused_steps(steps, if_load):
+def _warn_unused_steps(steps):
     """The Rec SDK sizes its own data loop with these; shardrec follows the dataset and the
     training loop, so they only say what the script intends."""
     given = {k: v for k, v in steps.items() if v != -1}
@@ -74,10 +76,6 @@ def _warn_unused_steps(steps, if_load):
         warn_once(f"init({', '.join(f'{k}={v}' for k, v in given.items())}): step counts have no effect in shardrec: "
                   "the key pipeline follows the dataset, and the training loop (or the Estimator's steps) decides "
                   "how many steps run", "shardrec.config")
-    if if_load:
-        warn_once("init(if_load=True) has no effect in shardrec: restore checkpoints with "
-                  "tf.compat.v1.train.Saver().restore(...) (or the Estimator's model_dir / warm_start_from)",
-                  "shardrec.config")
 
 
 def _bind_to_cores(local_rank, local_size):
@@ -115,7 +113,7 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
         raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
                                   "implement dynamic capacity expansion yet")
     world = get_world()  # starts MPI; from here on log lines carry the rank
-    _warn_unused_steps(steps, if_load)
+    _warn_unused_steps(steps)
     world.restart_channels()
     process_hooks.patch_tensorflow()
     if not _atexit_registered:
@@ -163,6 +161,37 @@ def get_rank_size():
 
 def get_use_dynamic_expansion():
     return get_config().use_dynamic_expansion
+
+
+def get_if_load():
+    """Whether this run loads a trained model (the Rec SDK's if_load): init(if_load=True) or
+    set_if_load(True) said so, or the supervisor restarted the job and names the checkpoint to
+    resume from (heartbeat.resume_checkpoint()). While it is True, a save before any restore is
+    refused: it would write fresh tables over the model this run was meant to continue."""
+    cfg = get_config()
+    return cfg.if_load or heartbeat.resume_checkpoint() is not None
+
+
+def set_if_load(if_load):
+    get_config().if_load = check_bool("set_if_load", "if_load", if_load)
+
+
+def mark_loaded():
+    """A checkpoint's tables are in this process now (Saver.restore, warm start)."""
+    get_config().loaded = True
+
+
+def check_may_save(what):
+    """Refuses a save that would write an unloaded model while this run must load one."""
+    cfg = get_config()
+    if get_if_load() and not cfg.loaded:
+        why = ("init(if_load=True) / set_if_load(True)" if cfg.if_load else
+               f"the supervisor restarted this job to resume from {heartbeat.resume_checkpoint()}")
+        raise RuntimeError(f"{what}: {why} says this run continues a trained model, but nothing was restored "
+                           f"before this save, which would write freshly initialised tables over it. Restore "
+                           f"first (Saver.restore(sess, resume_checkpoint() or PATH), MonitoredTrainingSession's "
+                           f"or the Estimator's checkpoint directory, warm_start_from), or use if_load=False for a "
+                           f"fresh model. Nothing was written.")
 
 
 def get_table(name, graph=None):

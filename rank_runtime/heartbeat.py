@@ -1,48 +1,55 @@
-"""Heartbeats for the supervisor (orchestrator/supervisor.py): what a rank tells it through the run
-directory, with no network service of its own.
+"""Heartbeats for the supervisor (orchestrator/supervisor.py): what a rank tells it, with no network
+service and no shared filesystem of its own.
 
-Active only when the supervisor started the rank (it sets SHARDREC_RUN_DIR): each rank then keeps
-`<run dir>/heartbeat/rank-<r>.json` up to date, replaced atomically, at most twice a second. A
-beat is written when the rank makes progress (the key pipeline finished a batch, or the script
-called report()), never by a timer: a rank that hangs stops beating, which is how the supervisor
-tells a hung rank from a slow one. The last beat, at exit, says so.
+Active only when the supervisor started the rank (it sets SHARDREC_RUN_DIR): each rank then writes
+one-line beats (`SHARDREC-HEARTBEAT {json}`) to its standard error, which mpiexec forwards to the
+supervisor over the same links as the rank's output. That path is the point: a rank on a host whose
+link is cut falls silent for the supervisor exactly as the host does, while the ranks it leaves
+stuck in a collective keep ticking.
+
+Two kinds of beat, both carrying the progress counter:
+- on progress (the key pipeline finished a batch, or the script called report()), at most twice a
+  second: a rank that hangs stops making progress, which is how a hung rank is told from a slow one;
+- a tick every SHARDREC_HEARTBEAT_INTERVAL_S seconds from a daemon thread: a rank (or host) that
+  ticks no more is frozen, dead or cut off, not merely waiting.
+The last beat, at exit, says so.
 """
 import atexit
 import json
 import os
+import socket
+import threading
 import time
 
 RUN_DIR_ENV = "SHARDREC_RUN_DIR"
 ATTEMPT_ENV = "SHARDREC_ATTEMPT"
 RESUME_ENV = "SHARDREC_RESUME_FROM"
+INTERVAL_ENV = "SHARDREC_HEARTBEAT_INTERVAL_S"
+MARK = "SHARDREC-HEARTBEAT "
 MIN_INTERVAL_S = 0.5
 
-_state = {"fields": {}, "progress": 0, "written": 0.0, "path": None, "rank": None, "tables": {}}
-
-
-def _path(rank):
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
-        return None
-    directory = os.path.join(run_dir, "heartbeat")
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"rank-{rank}.json")
+_lock = threading.Lock()
+_state = {"fields": {}, "progress": 0, "written": 0.0, "fd": None, "tables": {}}
 
 
 def start(rank, size):
-    """Called by init(): from here on this rank's progress is written for the supervisor."""
-    path = _path(rank)
-    if path is None or _state["path"] == path:
+    """Called by init(): from here on this rank's progress goes to the supervisor."""
+    if not os.environ.get(RUN_DIR_ENV) or _state["fd"] is not None:
         return
-    _state.update(path=path, rank=rank)
-    _state["fields"].update(rank=rank, size=size, pid=os.getpid(), attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
+    # A duplicate of the stderr mpiexec gave us: the script redirecting sys.stderr (or fd 2) later
+    # must not swallow the beats.
+    _state["fd"] = os.dup(2)
+    _state["fields"].update(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
+                            attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
     atexit.register(_last_beat)
     _write(force=True)
+    interval = float(os.environ.get(INTERVAL_ENV, "5"))
+    threading.Thread(target=_tick, args=(interval,), name="shardrec-heartbeat", daemon=True).start()
 
 
 def active():
     """Whether a supervisor reads this rank's heartbeats (callers skip their work otherwise)."""
-    return _state["path"] is not None
+    return _state["fd"] is not None
 
 
 def watch_tables(tables):
@@ -53,10 +60,11 @@ def watch_tables(tables):
 
 def progress(**fields):
     """One unit of progress (a batch exchanged, a step reported), with what the rank knows of it."""
-    if _state["path"] is None:
+    if _state["fd"] is None:
         return
-    _state["progress"] += 1
-    _state["fields"].update(fields)
+    with _lock:
+        _state["progress"] += 1
+        _state["fields"].update(fields)
     _write()
 
 
@@ -75,29 +83,39 @@ def resume_checkpoint():
     return os.environ.get(RESUME_ENV) or None
 
 
-def _write(force=False, **extra):
+def _tick(interval):
+    while True:
+        time.sleep(interval)
+        _write(force=True, tick=True)
+
+
+def _write(force=False, tick=False, **extra):
     now = time.time()
-    if not force and now - _state["written"] < MIN_INTERVAL_S:
-        return
-    _state["written"] = now
-    beat = dict(_state["fields"], progress=_state["progress"], time=now, **extra)
-    if _state["tables"]:
-        beat["tables"] = {name: table.size() for name, table in _state["tables"].items()}
+    with _lock:
+        if not force and now - _state["written"] < MIN_INTERVAL_S:
+            return
+        _state["written"] = now
+        beat = dict(_state["fields"], progress=_state["progress"], time=now, **extra)
+    if _state["tables"] and not tick:
+        # Read on the thread that makes progress, never from the ticker while a batch grows a table.
+        _state["sizes"] = {name: table.size() for name, table in _state["tables"].items()}
+    if _state.get("sizes"):
+        beat["tables"] = _state["sizes"]
     try:
         import psutil
 
         beat["rss"] = psutil.Process().memory_info().rss
     except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
         pass
-    tmp = f"{_state['path']}.tmp-{os.getpid()}"
+    # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of
+    # the script's left unfinished is split around it by the supervisor).
+    line = (MARK + json.dumps(beat, separators=(",", ":")) + "\n").encode()
     try:
-        with open(tmp, "w") as f:
-            json.dump(beat, f)
-        os.replace(tmp, _state["path"])
+        os.write(_state["fd"], line)
     except OSError:
-        pass  # a full or vanished run directory must not stop training; the supervisor notices
+        pass  # mpiexec gone: the supervisor already knows
 
 
 def _last_beat():
-    if _state["path"] is not None:
+    if _state["fd"] is not None:
         _write(force=True, exiting=True)

@@ -162,6 +162,7 @@ class Saver(_TFSaver):
 
         if not self._tables:
             return dense_save(latest_filename)
+        config.check_may_save(f"Saver.save({save_path!r})")
         cfg = config.get_config()
         step = None
         path = save_path
@@ -249,6 +250,7 @@ class Saver(_TFSaver):
         super().restore(sess, save_path)
         if self._tables and save_path is not None:
             _apply_tables(sess, self._tables, shards.value)
+            config.mark_loaded()
 
     def _save_tables(self, sess, path, step, shared):
         """Writes and commits this rank's shard; returns its directory."""

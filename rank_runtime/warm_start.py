@@ -132,6 +132,7 @@ def warm_start(sess, settings):
     loaded = {path: _read_tables(path, tables, values_only=True) for path, tables in by_path.items()}
     for path, tables in by_path.items():
         _apply_tables(sess, tables, loaded[path])
+    config.mark_loaded()
     log.info("warm started %d dense variable(s) and %d table(s) from %d checkpoint(s)", len(dense_from),
              len(tables_from), len(set(p for p, _ in dense_from.values()) | set(by_path)))
 

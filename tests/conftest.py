@@ -25,3 +25,19 @@ def runtime(graph):
     """init() with defaults (dynamic shapes) inside a fresh graph."""
     config.init()
     return graph
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """The supervisor's test job run once without faults on one host (tests/supervisor_helpers.py),
+    with a memory share low enough that every rank is reported: the oracle of every supervised run."""
+    from supervisor_helpers import train
+
+    proc, out, run = train(tmp_path_factory.mktemp("reference"), "ref", extra=("--memory-share", 0.001))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, out, run
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(reference_run):
+    return reference_run[1]

@@ -302,3 +302,41 @@ def test_rank_0_writes_the_tables_counters_summed_over_ranks_as_tensorboard_scal
         assert scalars[f"shardrec/{table}/size"] == sum(len(d[f"{table}.keys"]) for d in source)
         assert scalars[f"shardrec/{table}/keys_sent"] == scalars[f"shardrec/{table}/keys_received"] > 0
     assert scalars["shardrec/emb/capacity"] == 2000  # the whole table: 1000 rows on each of 2 ranks
+
+
+def test_if_load_refuses_a_save_before_a_restore_and_writes_nothing(saved, tmp_path, graph):
+    """init(if_load=True) (the Rec SDK's "load a trained model"): a save before any restore would
+    write fresh tables over that model; it is refused, and allowed once the model is restored."""
+    from shardrec.rank_runtime import config
+    from mx_rec.util.initialize import ConfigInitializer, set_if_load
+
+    config.init(if_load=True)
+    assert ConfigInitializer.get_instance().if_load
+    g = _job_module().build()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(RuntimeError, match=r"init\(if_load=True\) / set_if_load\(True\) says this run continues "
+                                               r"a trained model, but nothing was restored before this save"):
+            g["saver"].save(sess, str(tmp_path / "model"), global_step=1)
+        assert os.listdir(tmp_path) == []
+        g["saver"].restore(sess, str(saved / "n1" / "model-10"))
+        assert g["tables"][0].size() > 0
+        g["saver"].save(sess, str(tmp_path / "model"), global_step=11)
+        assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model-11")
+    set_if_load(False)
+    assert not ConfigInitializer.get_instance().if_load
+
+
+def test_a_restarted_attempt_must_load_the_checkpoint_the_supervisor_names(saved, tmp_path, graph, monkeypatch):
+    from shardrec.rank_runtime import config, resume_checkpoint
+
+    monkeypatch.setenv("SHARDREC_RESUME_FROM", str(saved / "n1" / "model-10"))
+    config.init()
+    assert config.get_if_load() and resume_checkpoint() == str(saved / "n1" / "model-10")
+    g = _job_module().build()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(RuntimeError, match=r"the supervisor restarted this job to resume from \S+model-10 says"):
+            g["saver"].save(sess, str(tmp_path / "model"), global_step=1)
+        g["saver"].restore(sess, resume_checkpoint())
+        g["saver"].save(sess, str(tmp_path / "model"), global_step=11)

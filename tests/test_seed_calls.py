@@ -96,7 +96,6 @@ def test_a_list_of_several_feature_specs_is_refused(graph):
 @pytest.mark.parametrize("call,expected", [
     (lambda: config.init(train_steps=123, eval_steps=7),
      "init(train_steps=123, eval_steps=7): step counts have no effect in shardrec"),
-    (lambda: config.init(if_load=True), "init(if_load=True) has no effect in shardrec"),
     (lambda: (config.init(), FeatureSpec("x", table_name="t", batch_size=77)),
      "FeatureSpec(batch_size=77) has no effect in shardrec"),
     (lambda: (config.init(), FeatureSpec("x", table_name="t", faae_coefficient=3)),
@@ -106,7 +105,7 @@ def test_a_list_of_several_feature_specs_is_refused(graph):
     (lambda: (config.init(), create_table(tf.int64, 2, "ssd_t", tf.compat.v1.zeros_initializer(),
                                           ssd_data_path=["/data/ssd"])),
      "create_table('ssd_t'): ssd_data_path has no effect with ssd_vocabulary_size=0"),
-], ids=["steps", "if_load", "batch_size", "faae_coefficient", "dump_graph", "ssd_data_path"])
+], ids=["steps", "batch_size", "faae_coefficient", "dump_graph", "ssd_data_path"])
 def test_parameters_without_effect_say_so(graph, shardrec_warnings, call, expected):
     call()
     assert any(expected in message for message in shardrec_warnings), shardrec_warnings

@@ -9,44 +9,11 @@ import subprocess
 import sys
 
 import numpy as np
-import psutil
 import pytest
+import tensorflow as tf
 
-from mpi_helpers import INIT_DEFAULTS, JOBS
-
-RUN = os.path.join(os.path.dirname(sys.executable), "shardrec-run")
-JOB = os.path.join(JOBS, "supervised_train.py")
-
-
-def shardrec_run(*args, fault=None, timeout=300, cwd=None):
-    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("FAULT", None)
-    if fault:
-        env["FAULT"] = fault
-    return subprocess.run([RUN, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-
-
-def train(tmp, name, fault=None, extra=()):
-    ckpt, out, run = tmp / f"{name}-ckpt", tmp / f"{name}-out", tmp / f"{name}-run"
-    out.mkdir()
-    proc = shardrec_run("-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *extra, "--",
-                        sys.executable, JOB, ckpt, out, fault=fault)
-    return proc, out, run
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    """The uninterrupted run, with a memory share low enough that every rank is reported."""
-    tmp = tmp_path_factory.mktemp("reference")
-    proc, out, run = train(tmp, "ref", extra=("--memory-share", 0.001))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc, out, run
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(reference_run):
-    return reference_run[1]
+from mpi_helpers import JOBS
+from supervisor_helpers import JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run, train
 
 
 def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference_run):
@@ -66,25 +33,6 @@ def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference
                               r"it", proc.stderr)) == 1
 
 
-def assert_same_final_state(out, reference):
-    for rank in (0, 1):
-        got, want = np.load(out / f"final-rank{rank}.npz"), np.load(reference / f"final-rank{rank}.npz")
-        assert int(got["step"]) == int(want["step"]) == 30
-        np.testing.assert_allclose(got["w"], want["w"], atol=1e-5)
-        assert sorted(got["keys"].tolist()) == sorted(want["keys"].tolist())
-        got_rows = dict(zip(got["keys"].tolist(), got["rows"]))
-        for key, row in zip(want["keys"].tolist(), want["rows"]):
-            np.testing.assert_allclose(got_rows[key], row, atol=1e-5, err_msg=f"rank {rank} key {key}")
-
-
-def attempt_pids(run, attempt):
-    pids = []
-    for name in os.listdir(run / f"attempt-{attempt}" / "heartbeat"):
-        if name.endswith(".json"):
-            pids.append(json.loads((run / f"attempt-{attempt}" / "heartbeat" / name).read_text())["pid"])
-    return pids
-
-
 @pytest.mark.parametrize("fault,why", [("1:12:kill", r"rank 1 failed"), ("0:7:raise", r"rank 0 failed")],
                          ids=["sigkill", "exception"])
 def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterrupted_run(
@@ -99,17 +47,15 @@ def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterr
     assert summary["ok"] and summary["restarts"] == 1
     assert (run / "attempt-0" / "rank-1.log").exists() and (run / "attempt-1" / "rank-1.log").exists()
     assert_same_final_state(out, uninterrupted)
-    for pid in attempt_pids(run, 0):
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert_gone(attempt_pids(run, 0))
 
 
 def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survives(tmp_path, uninterrupted):
     proc, out, run = train(tmp_path, "frozen", fault="1:8:stop", extra=("--hang-timeout", 15))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"attempt 0 failed: rank 1 made no progress for 1[5-9] s \(hang timeout 15 s\); its process is "
-                     r"stopped", proc.stderr), proc.stderr[-4000:]
-    for pid in attempt_pids(run, 0):
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for 1[4-9] s \(hang timeout 15 s\); its "
+                     r"process is stopped", proc.stderr), proc.stderr[-4000:]
+    assert_gone(attempt_pids(run, 0))
     assert_same_final_state(out, uninterrupted)
 
 
@@ -129,7 +75,9 @@ def test_without_restarts_a_failing_rank_ends_the_run_naming_it_with_its_last_li
     (["-np", "2", "--max-restarts", "-1", "python", "x.py"], "--max-restarts -1: allowed: 0 (never restart) or more"),
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "x.py"], "--hostfile /nonexistent/hosts: cannot be read"),
     (["-np", "2"], "no COMMAND"),
-], ids=["np0", "missing_script", "missing_program", "negative_restarts", "hostfile", "no_command"])
+    (["-np", "2", "-H", "localhost:1,no-such-host.invalid:1", "python", "x.py"],
+     "host 'no-such-host.invalid' (-H): its name does not resolve"),
+], ids=["np0", "missing_script", "missing_program", "negative_restarts", "hostfile", "no_command", "unknown_host"])
 def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
     (tmp_path / "x.py").write_text("")
     proc = shardrec_run("--run-dir", tmp_path / "run", *args, timeout=30, cwd=tmp_path)
@@ -143,9 +91,7 @@ def test_sigterm_stops_every_rank_and_says_where_the_last_checkpoint_is(tmp_path
 
     ckpt, out, run = tmp_path / "ckpt", tmp_path / "out", tmp_path / "run"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
-               FAULT="1:12:stop")  # rank 1 freezes: the job would not end by itself before the hang timeout
+    env = run_env(fault="1:12:stop")  # rank 1 freezes: the job would not end by itself before the hang timeout
     proc = subprocess.Popen([RUN, "-np", "2", "--checkpoint-dir", ckpt, "--run-dir", run, "--hang-timeout", "600",
                              "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -158,14 +104,12 @@ def test_sigterm_stops_every_rank_and_says_where_the_last_checkpoint_is(tmp_path
     assert proc.returncode == 130, stderr[-3000:]
     assert re.search(r"stopped: interrupted by signal 15; every rank is stopped; the last complete checkpoint is "
                      r"\S+model.ckpt-\d+ \(step \d+\)", stderr), stderr[-3000:]
-    for pid in attempt_pids(run, 0):
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert_gone(attempt_pids(run, 0))
 
 
 def test_plain_mpirun_script_runs_a_job_without_the_supervisor(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in INIT_DEFAULTS}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = run_env()
     proc = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable,
                            os.path.join(JOBS, "global_size.py")], capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,3 +117,32 @@ def test_plain_mpirun_script_runs_a_job_without_the_supervisor(tmp_path):
     bad = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "/nonexistent/hosts", "--", "true"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "hostfile /nonexistent/hosts cannot be read" in bad.stderr
+
+
+def final_checkpoint(model_dir):
+    """{key: row} of table 'emb' and the dense weight of the job's final checkpoint (step 30)."""
+    from shardrec.orchestrator import checkpoints
+
+    found = {c.step: c for c in checkpoints.find_checkpoints(str(model_dir))}
+    rows = checkpoints.table_rows(found[30], "emb")
+    w = tf.train.load_checkpoint(str(model_dir / "model.ckpt-30")).get_tensor("w")
+    return dict(zip(rows["keys"].tolist(), rows["values"])), w
+
+
+def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
+    job = os.path.join(JOBS, "supervised_estimator.py")
+    runs = {}
+    for name, fault in (("reference", None), ("killed", "1:12:kill")):
+        model_dir = tmp_path / f"{name}-model"
+        proc = shardrec_run("-np", 2, "--checkpoint-dir", model_dir, "--run-dir", tmp_path / f"{name}-run", "--",
+                            sys.executable, job, model_dir, fault=fault)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = (proc, final_checkpoint(model_dir))
+    killed = runs["killed"][0].stderr
+    assert "attempt 0 failed: rank 1 failed (killed by signal 9" in killed, killed[-3000:]
+    assert re.search(r"restarting the job \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
+    (want_rows, want_w), (got_rows, got_w) = runs["reference"][1], runs["killed"][1]
+    assert sorted(got_rows) == sorted(want_rows)
+    for key, row in want_rows.items():
+        np.testing.assert_allclose(got_rows[key], row, atol=1e-5, err_msg=f"key {key}")
+    np.testing.assert_allclose(got_w, want_w, atol=1e-5)

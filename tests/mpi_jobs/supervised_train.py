@@ -6,11 +6,13 @@ tables and the dense weights to OUT_DIR/final-rank<r>.npz.
     shardrec-run -np 2 --checkpoint-dir CKPT -- python supervised_train.py CKPT OUT_DIR
 
 FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt only, SIGKILL or
-SIGSTOP itself or raise, once the given step is done (tests only).
+SIGSTOP itself or raise, once the given step is done (tests only). STEP_DELAY_S slows every step
+down, for tests that act on the job from outside while it runs.
 """
 import os
 import signal
 import sys
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -83,6 +85,7 @@ def main(checkpoint_dir, out_dir):
             done += 1
             report(step=done, loss=value, total_steps=TOTAL_STEPS)
             fault(rank, done)
+            time.sleep(float(os.environ.get("STEP_DELAY_S", "0")))
     if state is None:
         print(f"DONE rank={rank} step={done} resumed_from={start} (nothing left to train)", flush=True)
         return
