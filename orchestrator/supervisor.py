@@ -306,6 +306,9 @@ class Attempt:
         total = beat.get("total_steps")
         if step is not None:
             parts.append(f"step {step}" + (f"/{total}" if total else ""))
+            if total and tty:
+                done = min(20, int(20 * step / total))
+                parts.insert(1, "[" + "#" * done + "." * (20 - done) + "]")
         if beat.get("samples_per_s"):
             parts.append(f"{beat['samples_per_s']:.0f} samples/s")
         if beat.get("loss") is not None:

@@ -146,3 +146,19 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
     for key, row in want_rows.items():
         np.testing.assert_allclose(got_rows[key], row, atol=1e-5, err_msg=f"key {key}")
     np.testing.assert_allclose(got_w, want_w, atol=1e-5)
+
+
+def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_path, capsys):
+    import time
+
+    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+
+    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None)
+    attempt.started = time.monotonic() - 10
+    attempt.beats[0] = {"step": 15, "total_steps": 30, "samples_per_s": 1234.4, "loss": 0.25}
+    attempt._progress_line(tty=True)
+    line = capsys.readouterr().err
+    assert re.fullmatch(r"\r\[shardrec-run\] attempt 0  \[##########\.{10}\]  step 15/30  1234 samples/s  loss 0\.2500  "
+                        r"ETA (9|10) s\x1b\[K", line), repr(line)
+    attempt._progress_line(tty=False)  # not a terminal: a plain log line, no bar
+    assert re.search(r"\] attempt 0  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", capsys.readouterr().err)
