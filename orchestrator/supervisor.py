@@ -234,12 +234,13 @@ class Attempt:
         return lost[0] if len(lost) == 1 else None
 
     def _check_memory(self):
-        total = psutil.virtual_memory().total
         for rank, beat in list(self.beats.items()):
             rss = int(beat.get("rss", 0))
+            total = int(beat.get("host_memory") or psutil.virtual_memory().total)
             if rss > self.spec.memory_share * total and rank not in self._warned_memory:
                 self._warned_memory.add(rank)
-                log(f"rank {rank} uses {rss / 2**30:.1f} GiB, over {self.spec.memory_share:.0%} of this host's "
+                where = f" on host {beat['host']}" if beat.get("host") else ""
+                log(f"rank {rank}{where} uses {rss / 2**30:.1f} GiB, over {self.spec.memory_share:.0%} of its host's "
                     f"{total / 2**30:.1f} GiB: the kernel may kill it")
 
     def _watch(self):

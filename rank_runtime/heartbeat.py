@@ -105,6 +105,7 @@ def _write(force=False, tick=False, **extra):
         import psutil
 
         beat["rss"] = psutil.Process().memory_info().rss
+        beat["host_memory"] = psutil.virtual_memory().total  # the rank's host, not the supervisor's
     except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
         pass
     # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of

@@ -33,7 +33,8 @@ def job_args(tmp, name, extra=()):
     """(shardrec-run arguments for the test job, its output directory, its run directory)."""
     ckpt, out, run = tmp / f"{name}-ckpt", tmp / f"{name}-out", tmp / f"{name}-run"
     out.mkdir()
-    return ["-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *extra, "--", sys.executable, JOB, ckpt, out], out, run
+    args = ["-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *extra, "--", sys.executable, JOB, ckpt, out]
+    return args, out, run
 
 
 def train(tmp, name, fault=None, extra=(), prefix=()):

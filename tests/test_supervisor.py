@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from mpi_helpers import JOBS
-from supervisor_helpers import JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run, train
+from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
+                                train)
 
 
 def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference_run):
@@ -29,8 +30,8 @@ def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference
     assert re.search(r"done: 1 attempt\(s\), 0 restart\(s\), .*tables emb \d+ keys", proc.stderr)
     # Every rank passes 0.1% of the host's memory, and is reported once.
     for rank in (0, 1):
-        assert len(re.findall(rf"rank {rank} uses [0-9.]+ GiB, over 0% of this host's [0-9.]+ GiB: the kernel may kill "
-                              r"it", proc.stderr)) == 1
+        assert len(re.findall(rf"rank {rank} on host \S+ uses [0-9.]+ GiB, over 0% of its host's [0-9.]+ GiB: the "
+                              r"kernel may kill it", proc.stderr)) == 1
 
 
 @pytest.mark.parametrize("fault,why", [("1:12:kill", r"rank 1 failed"), ("0:7:raise", r"rank 0 failed")],
@@ -158,7 +159,8 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
     attempt.beats[0] = {"step": 15, "total_steps": 30, "samples_per_s": 1234.4, "loss": 0.25}
     attempt._progress_line(tty=True)
     line = capsys.readouterr().err
-    assert re.fullmatch(r"\r\[shardrec-run\] attempt 0  \[##########\.{10}\]  step 15/30  1234 samples/s  loss 0\.2500  "
-                        r"ETA (9|10) s\x1b\[K", line), repr(line)
+    assert re.fullmatch(r"\r\[shardrec-run\] attempt 0  \[##########\.{10}\]  step 15/30  1234 samples/s  "
+                        r"loss 0\.2500  ETA (9|10) s\x1b\[K", line), repr(line)
     attempt._progress_line(tty=False)  # not a terminal: a plain log line, no bar
-    assert re.search(r"\] attempt 0  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", capsys.readouterr().err)
+    plain = capsys.readouterr().err
+    assert re.search(r"\] attempt 0  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", plain), plain
