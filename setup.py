@@ -8,7 +8,7 @@ import sys
 
 import mpi4py
 from pybind11.setup_helpers import Pybind11Extension, build_ext
-from setuptools import setup
+from setuptools import Extension, setup
 
 
 def mpicxx_flags(kind):
@@ -27,4 +27,24 @@ native = Pybind11Extension(
     extra_link_args=mpicxx_flags("link"),
 )
 
-setup(ext_modules=[native], cmdclass={"build_ext": build_ext})
+
+
+def tensorflow_flags():
+    """The installed TensorFlow's flags for a custom op library (its ABI, headers and framework)."""
+    import tensorflow as tf
+
+    return tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
+tf_compile, tf_link = tensorflow_flags()
+# The sparse optimizers' fused kernels: a TensorFlow op library, loaded with tf.load_op_library
+# (rank_runtime/native_ops.py), not a Python module.
+tf_ops = Extension(
+    "shardrec.native.tf_ops",
+    sources=["native/src/tf_sparse_apply_ops.cc"],
+    language="c++",
+    extra_compile_args=["-O3", "-fPIC"] + tf_compile,
+    extra_link_args=tf_link,
+)
+
+setup(ext_modules=[native, tf_ops], cmdclass={"build_ext": build_ext})

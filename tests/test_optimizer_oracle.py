@@ -110,6 +110,11 @@ CASES = {
                                                 l2_regularization_strength=0.01),
              lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.001,
                                                       l2_regularization_strength=0.01)),
+    # A learning-rate power other than -0.5 takes the kernel's general branch.
+    "ftrl_power": (lambda: ftrl.create_hash_optimizer(learning_rate=0.1, learning_rate_power=-0.7,
+                                                      l1_regularization_strength=0.001),
+                   lambda: tf.compat.v1.train.FtrlOptimizer(0.1, learning_rate_power=-0.7,
+                                                            l1_regularization_strength=0.001)),
     "lazy_adam": (lambda: lazy_adam.create_hash_optimizer(learning_rate=0.05), None),
 }
 
@@ -151,3 +156,43 @@ def test_only_a_gradient_summed_over_lookups_goes_through_tensorflow_dedup(graph
     lazy_adam.create_hash_optimizer(0.1).apply_gradients(zip(grads, [table.variable]))
     added = [op.type for op in graph.get_operations() if op.name not in before]
     assert ("Unique" in added) == deduped, added
+
+
+def test_a_missing_or_foreign_op_library_says_to_run_the_set_up(tmp_path, graph):
+    from shardrec.rank_runtime import native_ops
+
+    garbage = tmp_path / "tf_ops.so"
+    garbage.write_bytes(b"not a shared library")
+    with pytest.raises(RuntimeError, match=r"cannot be loaded into TensorFlow 2\.\d+\.\d+ .*: run the set-up again "
+                                           r"\(`bash scripts/bootstrap.sh`"):
+        native_ops.load(str(garbage))
+    # A real shared library without shardrec's kernels (the pybind11 core).
+    from shardrec.native import core
+
+    with pytest.raises(RuntimeError, match=r"is not shardrec's op library for this version \(no "
+                                           r"shardrec_sparse_apply_sgd"):
+        native_ops.load(core.__file__)
+
+
+def test_a_fused_update_leaves_an_earlier_read_of_the_table_as_it_was(graph):
+    """Copy on write, as TensorFlow's own sparse kernels: a value read before the update (in the
+    same run) keeps the old rows, the variable gets the new ones."""
+    from shardrec.rank_runtime import native_ops
+
+    w0 = np.arange(12, dtype=np.float32).reshape(4, 3)
+    var = tf.compat.v1.get_variable("w", initializer=w0, use_resource=True)
+    read = var.read_value()
+    with tf.control_dependencies([read]):
+        update = native_ops.load().shardrec_sparse_apply_sgd(var.handle, tf.constant([2, 0]),
+                                                             np.ones((2, 3), np.float32), 0.5)
+    outside = native_ops.load().shardrec_sparse_apply_sgd(var.handle, tf.constant([1, 4]), np.ones((2, 3), np.float32),
+                                                          0.5)
+    with tf.compat.v1.Session() as sess:
+        sess.run(var.initializer)
+        before, _ = sess.run([read, update])
+        after = sess.run(var)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"row index 4 at 1 is outside the table's 4 rows"):
+            sess.run(outside)
+        assert np.array_equal(sess.run(var), after), "a refused update changes nothing"
+    np.testing.assert_array_equal(before, w0)
+    np.testing.assert_array_equal(after, w0 - 0.5 * np.array([[1], [0], [1], [0]], np.float32))

@@ -1,12 +1,16 @@
-"""Sparse Adagrad on TensorFlow's ResourceSparseApplyAdagrad kernel."""
+"""Sparse Adagrad (accum += g^2; row -= lr * g / sqrt(accum)): one fused pass over the distinct rows."""
 import tensorflow as tf
 
+from .. import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 
 
 class SparseAdagrad(SparseOptimizerMixin, tf.compat.v1.train.AdagradOptimizer):
-    pass
+    def _resource_apply_sparse(self, grad, var, indices):
+        lr = tf.cast(self._learning_rate_tensor, var.dtype.base_dtype)
+        return native_ops.load().shardrec_sparse_apply_adagrad(var.handle, self.get_slot(var, "accumulator").handle,
+                                                               indices, grad, lr)
 
 
 def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False, name="Adagrad"):

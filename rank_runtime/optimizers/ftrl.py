@@ -1,12 +1,19 @@
-"""Sparse FTRL-Proximal on TensorFlow's ResourceSparseApplyFtrl kernel."""
+"""Sparse FTRL-Proximal, as TensorFlow's ResourceSparseApplyFtrl computes it, in one fused pass over
+the distinct rows and their two slots."""
 import tensorflow as tf
 
+from .. import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 
 
 class SparseFtrl(SparseOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
-    pass
+    def _resource_apply_sparse(self, grad, var, indices):
+        dtype = var.dtype.base_dtype
+        return native_ops.load().shardrec_sparse_apply_ftrl(
+            var.handle, self.get_slot(var, "accum").handle, self.get_slot(var, "linear").handle, indices, grad,
+            tf.cast(self._learning_rate_tensor, dtype), tf.cast(self._l1_regularization_strength_tensor, dtype),
+            tf.cast(self._adjusted_l2_regularization_strength_tensor, dtype), tf.cast(self._learning_rate_power_tensor, dtype))
 
 
 def create_hash_optimizer(learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,

@@ -1,14 +1,23 @@
-"""Sparse SGD: row -= lr * grad, for looked-up rows only."""
+"""Sparse SGD: row -= lr * grad, for looked-up rows only: one fused pass over a lookup's distinct
+rows; a gradient with repeated rows (summed over lookups) goes to TensorFlow's scatter-add, which
+sums them by itself."""
 import tensorflow as tf
 
-from .base import SparseOptimizerMixin, check_learning_rate
+from .. import native_ops
+from .base import SparseOptimizerMixin, _comes_from_one_lookup, check_learning_rate
 
 _SGD = tf.compat.v1.train.GradientDescentOptimizer
 
 
 class SparseGradientDescent(SparseOptimizerMixin, _SGD):
-    # A scatter-add sums repeated rows by itself: no dedup to skip.
-    _resource_apply_sparse_duplicate_indices = _SGD._resource_apply_sparse_duplicate_indices
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if _comes_from_one_lookup(indices):
+            return self._resource_apply_sparse(grad, handle, indices)
+        return _SGD._resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs)
+
+    def _resource_apply_sparse(self, grad, var, indices):
+        lr = tf.cast(self._learning_rate_tensor, var.dtype.base_dtype)
+        return native_ops.load().shardrec_sparse_apply_sgd(var.handle, indices, grad, lr)
 
 
 def create_hash_optimizer(learning_rate, use_locking=False, name="GradientDescent"):

@@ -2,10 +2,11 @@
 optimizer's own step count t: row -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon).
 
 TensorFlow's v1 Adam decays the moments of every row on every step (its cost grows with the
-vocabulary), so the sparse update is written here with gather / scatter ops.
+vocabulary); here one fused kernel updates each distinct row and its two moments in one pass.
 """
 import tensorflow as tf
 
+from .. import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 
@@ -20,13 +21,8 @@ class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
         lr = tf.cast(self._lr_t, dtype) * tf.sqrt(1 - tf.cast(beta2_power, dtype)) / (1 - tf.cast(beta1_power, dtype))
         m = self.get_slot(var, "m")
         v = self.get_slot(var, "v")
-        m_rows = beta1 * tf.gather(m, indices) + (1 - beta1) * grad
-        v_rows = beta2 * tf.gather(v, indices) + (1 - beta2) * tf.square(grad)
-        update_m = m.scatter_update(tf.IndexedSlices(m_rows, indices))
-        update_v = v.scatter_update(tf.IndexedSlices(v_rows, indices))
-        step = lr * m_rows / (tf.sqrt(v_rows) + eps)
-        update_var = var.scatter_sub(tf.IndexedSlices(step, indices))
-        return tf.group(update_var, update_m, update_v)
+        return native_ops.load().shardrec_sparse_apply_lazy_adam(var.handle, m.handle, v.handle, indices, grad, lr,
+                                                                 beta1, beta2, eps)
 
 
 def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, use_locking=False,
