@@ -43,7 +43,8 @@ tf_ops = Extension(
     "shardrec.native.tf_ops",
     sources=["native/src/tf_sparse_apply_ops.cc"],
     language="c++",
-    extra_compile_args=["-O3", "-fPIC"] + tf_compile,
+    # No errno from sqrt / pow: without it the update loops are not vectorised (3x slower, measured).
+    extra_compile_args=["-O3", "-fPIC", "-fno-math-errno"] + tf_compile,
     extra_link_args=tf_link,
 )
 
