@@ -37,11 +37,11 @@ def tensorflow_flags():
 
 
 tf_compile, tf_link = tensorflow_flags()
-# The sparse optimizers' fused kernels: a TensorFlow op library, loaded with tf.load_op_library
+# The sparse optimizers' fused kernels and a lookup's row gathers: a TensorFlow op library, loaded with tf.load_op_library
 # (rank_runtime/native_ops.py), not a Python module.
 tf_ops = Extension(
     "shardrec.native.tf_ops",
-    sources=["native/src/tf_sparse_apply_ops.cc"],
+    sources=["native/src/tf_sparse_apply_ops.cc", "native/src/tf_row_gather_ops.cc"],
     language="c++",
     # No errno from sqrt / pow: without it the update loops are not vectorised (3x slower, measured).
     extra_compile_args=["-O3", "-fPIC", "-fno-math-errno"] + tf_compile,

@@ -1,7 +1,7 @@
 """sparse_lookup: rows of a sharded table for the ids of one feature, in batch order."""
 import tensorflow as tf
 
-from . import config
+from . import config, native_ops
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from .key_pipeline import channel_of
@@ -10,14 +10,13 @@ from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 
 _OWNER = "sparse_lookup"
-DISTINCT_ROWS_GATHER = "ShardrecDistinctRowsGather"
 
 
-@tf.RegisterGradient(DISTINCT_ROWS_GATHER)
+@tf.RegisterGradient("ShardrecVariableRowGather")
 def _distinct_rows_gather_grad(op, grad):
-    """TensorFlow's ResourceGather gradient, except that its indices are the key pipeline's slot
-    tensor itself (1-D already, so no reshape): the sparse optimizers recognise it in the
-    pipeline's record of distinct slots (optimizers/base.py)."""
+    """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
+    slot tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
+    it in the pipeline's record of distinct slots (optimizers/base.py)."""
     from tensorflow.python.ops import resource_variable_ops
 
     params_shape = resource_variable_ops.variable_shape(op.inputs[0])
@@ -144,8 +143,7 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
         # the sparse optimizers update those rows only, with no dedup of their own. The expand
         # gather's gradient sums the gradients of a row asked for by several ranks.
-        with tf.compat.v1.get_default_graph().gradient_override_map({"ResourceGather": DISTINCT_ROWS_GATHER}):
-            rows = tf.gather(hashtable.variable, slots)
+        rows = native_ops.variable_row_gather(hashtable.variable, slots)
         hashtable.distinct_slot_tensors.add(slots.ref())
         if not is_grad:
             rows = tf.stop_gradient(rows)
@@ -156,13 +154,13 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
             rows = tf.concat([rows, missing], axis=1)
             width += 1
         if cfg.size > 1 or not cfg.use_dynamic:
-            rows = tf.gather(rows, routing.expand)
+            rows = native_ops.row_gather(rows, routing.expand)
         if not cfg.use_dynamic:
             rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
         if cfg.size > 1:
             rows = _rows_to_requesters(rows, routing.recv_splits, width,
                                        None if cfg.use_dynamic else send_count * cfg.size)
-        emb = tf.gather(rows, restore)
+        emb = native_ops.row_gather(rows, restore)
         if serving_default_value is not None:
             default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [hashtable.dim])
             emb, missing = emb[:, :hashtable.dim], emb[:, hashtable.dim:] > 0.5

@@ -1,5 +1,6 @@
-"""shardrec's TensorFlow op library (native/src/tf_sparse_apply_ops.cc, built by the set-up next to
-the pybind11 core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels.
+"""shardrec's TensorFlow op library (native/src/tf_*.cc, built by the set-up next to the pybind11
+core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels and a lookup's row
+gathers with their gradient.
 
 Loaded on first use; a missing library, or one built against another TensorFlow, stops with an
 error that says how to rebuild it instead of a bare dlopen message.
@@ -12,7 +13,7 @@ import tensorflow as tf
 REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` target), which rebuilds it for the " \
           "installed TensorFlow"
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
-           "shardrec_sparse_apply_ftrl")
+           "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather")
 _loaded = {}
 
 
@@ -40,3 +41,22 @@ def load(path=None):
                                f"{REBUILD}")
         _loaded[path] = module
     return _loaded[path]
+
+
+def variable_row_gather(variable, index):
+    """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
+    reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`)."""
+    rows = load().shardrec_variable_row_gather(variable.handle, index, dim=int(variable.shape[1]))
+    return rows
+
+
+def row_gather(rows, index):
+    """rows[index] for a 2-D float32 `rows`, in parallel over the output rows; its gradient is the
+    dense sum per row of `rows` (what TensorFlow's gather + unsorted segment sum give)."""
+    return load().shardrec_row_gather(rows, index)
+
+
+@tf.RegisterGradient("ShardrecRowGather")
+def _row_gather_grad(op, grad):
+    rows, index = op.inputs
+    return load().shardrec_row_gather_grad(grad, index, tf.shape(rows, out_type=tf.int32)[0]), None

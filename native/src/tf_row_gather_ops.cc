@@ -1,0 +1,193 @@
+// Row gathers of a lookup (TensorFlow custom ops, in the same op library as the fused sparse-apply
+// kernels): batch order from distinct rows (`restore`), and the rows a rank asked for from the
+// rows it owns (`expand`). Their gradient sums the gradients of a row that several positions read.
+//
+// TensorFlow's GatherV2 + UnsortedSegmentSum do the same, but its segment sum runs on one thread
+// with a generic inner loop; it was the largest op of a dim-16 lazy Adam step (2.3 ms of 8.8).
+// Here both directions run in parallel over output rows: the gradient gives each worker a range of
+// distinct rows, and each worker scans the (small) index vector for the positions that fall in it,
+// so no two workers add into the same row and the sums are in position order, as TensorFlow's.
+#include <cstring>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace shardrec {
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::errors::InvalidArgument;
+namespace shape_inference = tensorflow::shape_inference;
+
+void Parallel(OpKernelContext* ctx, int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& work) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+  tensorflow::Shard(pool->num_threads, pool->workers, total, std::max<int64_t>(1, cost), work);
+}
+
+template <typename Index>
+class RowGatherOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(0);
+    const Tensor& index = ctx->input(1);
+    OP_REQUIRES(ctx, rows.dims() == 2, InvalidArgument("rows must be 2-D, got ", rows.shape().DebugString()));
+    OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
+    const int64_t n_rows = rows.dim_size(0), dim = rows.dim_size(1), n = index.dim_size(0);
+    auto idx = index.flat<Index>();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
+                  InvalidArgument("index ", idx(i), " at ", i, " is outside the ", n_rows, " rows"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
+    const float* src = rows.flat<float>().data();
+    float* dst = out->flat<float>().data();
+    const size_t bytes = dim * sizeof(float);
+    Parallel(ctx, n, dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
+    });
+  }
+};
+
+template <typename Index>
+class RowGatherGradOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& index = ctx->input(1);
+    const int64_t n_rows = ctx->input(2).scalar<int32_t>()();
+    OP_REQUIRES(ctx, grad.dims() == 2 && index.dims() == 1 && grad.dim_size(0) == index.dim_size(0),
+                InvalidArgument("grad ", grad.shape().DebugString(), " and index ", index.shape().DebugString(),
+                                " do not match"));
+    OP_REQUIRES(ctx, n_rows >= 0, InvalidArgument("num_rows must be >= 0, got ", n_rows));
+    const int64_t n = index.dim_size(0), dim = grad.dim_size(1);
+    auto idx = index.flat<Index>();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
+                  InvalidArgument("index ", idx(i), " at ", i, " is outside the ", n_rows, " rows"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_rows, dim}), &out));
+    const float* g = grad.flat<float>().data();
+    float* dst = out->flat<float>().data();
+    // Cost per distinct row: its share of the scan of `index`, plus its own sums.
+    const int64_t cost = dim + std::max<int64_t>(1, n / std::max<int64_t>(1, n_rows)) * (dim + 4);
+    Parallel(ctx, n_rows, cost, [&](int64_t begin, int64_t end) {
+      std::memset(dst + begin * dim, 0, (end - begin) * dim * sizeof(float));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = idx(i);
+        if (r < begin || r >= end) continue;
+        float* __restrict d = dst + r * dim;
+        const float* __restrict s = g + i * dim;
+        for (int64_t j = 0; j < dim; ++j) d[j] += s[j];
+      }
+    });
+  }
+};
+
+// The distinct rows of a lookup, read from the table variable: rows scattered over the whole table,
+// so a later row is prefetched while this one is copied (TensorFlow's ResourceGather does one row
+// after another and waits for each). Holds the variable's lock shared, as ResourceGather does: an
+// update of the table (exclusive) never interleaves with it.
+template <typename Index>
+class VariableRowGatherOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<tensorflow::Var> var;
+    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &var));
+    tensorflow::tf_shared_lock lock(*var->mu());
+    const Tensor& table = *var->tensor();
+    OP_REQUIRES(ctx, table.IsInitialized(), InvalidArgument("the table variable is not initialised"));
+    OP_REQUIRES(ctx, table.dims() == 2 && table.dtype() == tensorflow::DT_FLOAT,
+                InvalidArgument("the table must be a 2-D float32 variable, got ", table.shape().DebugString()));
+    const Tensor& index = ctx->input(1);
+    OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
+    const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1), n = index.dim_size(0);
+    auto idx = index.flat<Index>();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
+                  InvalidArgument("row ", idx(i), " at ", i, " is outside the table's ", n_rows, " rows"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
+    const float* src = table.flat<float>().data();
+    float* dst = out->flat<float>().data();
+    const size_t bytes = dim * sizeof(float);
+    Parallel(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (i + 16 < end) __builtin_prefetch(src + static_cast<int64_t>(idx(i + 16)) * dim);
+        std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+REGISTER_OP("ShardrecVariableRowGather")
+    .Input("table: resource")
+    .Input("index: Tindex")
+    .Output("rows: float")
+    .Attr("Tindex: {int32, int64}")
+    .Attr("dim: int")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle index;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(index, 0), dim));
+      return tensorflow::OkStatus();
+    })
+    .Doc("rows[i] = table[index[i]], the table a 2-D float32 resource variable of `dim` columns.");
+
+REGISTER_OP("ShardrecRowGather")
+    .Input("rows: float")
+    .Input("index: Tindex")
+    .Output("out: float")
+    .Attr("Tindex: {int32, int64}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle rows, index;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(rows, 1)));
+      return tensorflow::OkStatus();
+    })
+    .Doc("out[i] = rows[index[i]].");
+
+REGISTER_OP("ShardrecRowGatherGrad")
+    .Input("grad: float")
+    .Input("index: Tindex")
+    .Input("num_rows: int32")
+    .Output("rows_grad: float")
+    .Attr("Tindex: {int32, int64}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      shape_inference::DimensionHandle rows;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &rows));
+      c->set_output(0, c->Matrix(rows, c->Dim(grad, 1)));
+      return tensorflow::OkStatus();
+    })
+    .Doc("rows_grad[r] = sum of grad[i] over the i with index[i] == r, in order of i.");
+
+#define SHARDREC_REGISTER_GATHER(NAME, KERNEL)                                                                  \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int32_t>("Tindex"), KERNEL<int32_t>); \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int64_t>("Tindex"), KERNEL<int64_t>)
+
+SHARDREC_REGISTER_GATHER("ShardrecRowGather", RowGatherOp);
+SHARDREC_REGISTER_GATHER("ShardrecRowGatherGrad", RowGatherGradOp);
+SHARDREC_REGISTER_GATHER("ShardrecVariableRowGather", VariableRowGatherOp);
+
+}  // namespace shardrec
