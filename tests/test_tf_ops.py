@@ -1,0 +1,48 @@
+"""The op library's row gathers against plain TensorFlow on the same inputs: values, gradients
+(repeated indices summed), both index types, and bad indices refused with the position named."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from shardrec.rank_runtime import native_ops
+
+
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_row_gather_and_its_gradient_equal_tensorflow_s(graph, index_dtype):
+    rng = np.random.default_rng(4)
+    rows_value = rng.normal(size=(50, 7)).astype(np.float32)
+    index_value = rng.integers(0, 50, size=300)  # many repeats: their gradients must add up
+    weights = rng.normal(size=(300, 7)).astype(np.float32)
+    rows = tf.constant(rows_value)
+    index = tf.constant(index_value, index_dtype)
+    ours = native_ops.row_gather(rows, index)
+    theirs = tf.gather(rows, index)
+    grad_ours = tf.gradients(tf.reduce_sum(ours * weights), rows)[0]
+    grad_theirs = tf.convert_to_tensor(tf.gradients(tf.reduce_sum(theirs * weights), rows)[0])
+    assert ours.shape.as_list() == [300, 7]
+    with tf.compat.v1.Session() as sess:
+        a, b, ga, gb = sess.run([ours, theirs, grad_ours, grad_theirs])
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(ga, gb, rtol=1e-6, atol=1e-6)
+    assert np.abs(ga).sum() > 0
+
+
+def test_variable_row_gather_reads_the_rows_of_the_table(graph):
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    var = tf.compat.v1.get_variable("t", initializer=table, use_resource=True)
+    got = native_ops.variable_row_gather(var, tf.constant([9, 0, 3, 3]))
+    outside = native_ops.variable_row_gather(var, tf.constant([1, 10]))
+    with tf.compat.v1.Session() as sess:
+        sess.run(var.initializer)
+        np.testing.assert_array_equal(sess.run(got), table[[9, 0, 3, 3]])
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"row 10 at 1 is outside the table's 10 rows"):
+            sess.run(outside)
+
+
+def test_a_gather_index_outside_the_rows_is_refused(graph):
+    rows = tf.zeros([5, 2])
+    with tf.compat.v1.Session() as sess:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"index -1 at 2 is outside the 5 rows"):
+            sess.run(native_ops.row_gather(rows, tf.constant([0, 4, -1])))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 5 at 0 is outside the 5 rows"):
+            sess.run(native_ops.load().shardrec_row_gather_grad(tf.ones([1, 2]), tf.constant([5]), 5))
