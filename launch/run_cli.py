@@ -1,7 +1,7 @@
 """shardrec-run: start a training job on N ranks under the supervisor.
 
     shardrec-run -np N [-H host:slots,...] [--hostfile F] [-x VAR]... [--max-restarts K]
-                 [--hang-timeout S] [--checkpoint-dir D] [--run-dir D] [--] COMMAND...
+                 [--restart-delay S] [--hang-timeout S] [--checkpoint-dir D] [--run-dir D] [--] COMMAND...
 
 COMMAND is what every rank runs, as with mpirun and horovodrun (`shardrec-run -np 2 python
 train.py --epochs 3`). The supervisor keeps each rank's output in <run dir>/attempt-<k>/rank-<r>.log
@@ -67,6 +67,8 @@ def _parse(argv):
     p.add_argument("-x", dest="forward_env", action="append", default=[],
                    help="forward this environment variable to every rank (repeatable)")
     p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--restart-delay", type=float, default=5.0,
+                   help="seconds before the first restart, doubled for each later one, at most 300 (default 5)")
     p.add_argument("--hang-timeout", type=float, default=300.0,
                    help="seconds a rank may make no progress before it counts as hung (default 300)")
     p.add_argument("--checkpoint-dir", help="the job's checkpoint directory: restarts resume from its last "
@@ -86,6 +88,8 @@ def _parse(argv):
         p.error(f"-np {args.np}: the number of ranks must be at least 1")
     if args.max_restarts < 0:
         p.error(f"--max-restarts {args.max_restarts}: allowed: 0 (never restart) or more")
+    if not 0 <= args.restart_delay <= 3600:
+        p.error(f"--restart-delay {args.restart_delay}: allowed: 0 to 3600 seconds")
     if not args.hang_timeout > 0:
         p.error(f"--hang-timeout {args.hang_timeout}: allowed: a number of seconds > 0")
     if not 0 < args.memory_share <= 1:
@@ -107,7 +111,7 @@ def main(argv=None):
                    hang_timeout=args.hang_timeout,
                    checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
                    hosts=args.hosts, hostfile=args.hostfile, forward_env=args.forward_env,
-                   mpiexec_args=args.mpiexec_args, memory_share=args.memory_share)
+                   mpiexec_args=args.mpiexec_args, memory_share=args.memory_share, restart_delay=args.restart_delay)
     return Supervisor(spec).run()
 
 

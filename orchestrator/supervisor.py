@@ -41,6 +41,7 @@ _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
 _REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
+MAX_RESTART_DELAY_S = 300.0
 
 
 @dataclass
@@ -56,6 +57,7 @@ class JobSpec:
     forward_env: list = field(default_factory=list)  # mpiexec -x, for remote hosts
     mpiexec_args: list = field(default_factory=list)
     memory_share: float = 0.9           # warn when a rank's RSS passes this share of the host's memory
+    restart_delay: float = 5.0          # seconds before the first restart, doubled for each one after
     echo: bool = True                   # rank 0's output on this terminal
     progress_every: float = 10.0        # seconds between progress lines when stdout is not a terminal
 
@@ -255,12 +257,29 @@ class Attempt:
                 return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
             why, rank = self._hung(now)
             if why is not None:
+                self._dump_stacks()
                 return Outcome(False, why, rank=rank)
             self._check_memory()
             if tty or now - last_line >= self.spec.progress_every:
                 self._progress_line(tty)
                 last_line = now
             time.sleep(0.25)
+
+    def _dump_stacks(self):
+        """Asks every rank of this attempt that runs on this host for its threads' stacks (SIGUSR1,
+        rank_runtime/heartbeat.py), so that the logs say where a hung job was stuck."""
+        mine = {p.pid for p in self.processes()}  # never signal a pid that is not this attempt's
+        asked = []
+        for rank, beat in sorted(list(self.beats.items())):
+            if beat.get("pid") in mine and not beat.get("exiting"):
+                try:
+                    os.kill(beat["pid"], signal.SIGUSR1)
+                    asked.append(rank)
+                except OSError:
+                    pass
+        if asked:
+            time.sleep(1.0)  # the stacks travel through mpiexec's output
+            log(f"the stacks of rank(s) {asked} at that moment are in their logs ({self.dir})")
 
     def _process_state(self, rank):
         pid = self.beats.get(rank, {}).get("pid")
@@ -421,10 +440,26 @@ class Supervisor:
                     self._summary(started, outcome)
                     return 1
                 resume = last
-                log(f"restarting the job (attempt {number + 1} of {self.spec.max_restarts + 1}) from "
+                # Doubling waits: a host that is down, or a cause that persists, is not retried in a
+                # burst that spends every restart within a second.
+                delay = min(MAX_RESTART_DELAY_S, self.spec.restart_delay * 2 ** number)
+                log(f"restarting the job in {delay:.0f} s (attempt {number + 1} of {self.spec.max_restarts + 1}) from "
                     + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
                        + (f" in {self.spec.checkpoint_dir})" if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
+                if not self._wait(delay, interrupt):
+                    log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
+                    return 130
         return 1
+
+    @staticmethod
+    def _wait(seconds, interrupt):
+        """Sleeps `seconds`; False if SIGINT / SIGTERM came meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if interrupt.signal is not None:
+                return False
+            time.sleep(0.1)
+        return interrupt.signal is None
 
     @staticmethod
     def _print_tail(attempt, rank):

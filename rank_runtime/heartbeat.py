@@ -12,12 +12,15 @@ Two kinds of beat, both carrying the progress counter:
   second: a rank that hangs stops making progress, which is how a hung rank is told from a slow one;
 - a tick every SHARDREC_HEARTBEAT_INTERVAL_S seconds from a daemon thread: a rank (or host) that
   ticks no more is frozen, dead or cut off, not merely waiting.
-The last beat, at exit, says so.
+The last beat, at exit, says so. SIGUSR1 makes the rank write every thread's stack to its log.
 """
 import atexit
+import faulthandler
 import json
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 
@@ -42,6 +45,9 @@ def start(rank, size):
     _state["fields"].update(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
                             attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
     atexit.register(_last_beat)
+    # The supervisor sends SIGUSR1 to a rank it is about to kill as hung: every thread's stack goes
+    # to the rank's log, saying where it was stuck.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     _write(force=True)
     interval = float(os.environ.get(INTERVAL_ENV, "5"))
     threading.Thread(target=_tick, args=(interval,), name="shardrec-heartbeat", daemon=True).start()

@@ -42,7 +42,8 @@ def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterr
     assert proc.returncode == 0, proc.stderr[-4000:]
     step = 10 if fault.startswith("1:12") else 5
     assert re.search(rf"attempt 0 failed: {why}", proc.stderr), proc.stderr[-4000:]
-    assert re.search(rf"restarting the job \(attempt 1 of 4\) from \S+model.ckpt-{step} \(step {step}\)", proc.stderr)
+    assert re.search(rf"restarting the job in 5 s \(attempt 1 of 4\) from \S+model.ckpt-{step} \(step {step}\)",
+                     proc.stderr)
     assert f"DONE rank=0 step=30 resumed_from={step}" in proc.stdout  # rank 0's output reaches the terminal
     summary = json.loads((run / "summary.json").read_text())
     assert summary["ok"] and summary["restarts"] == 1
@@ -57,6 +58,9 @@ def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survive
     assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for 1[4-9] s \(hang timeout 15 s\); its "
                      r"process is stopped", proc.stderr), proc.stderr[-4000:]
     assert_gone(attempt_pids(run, 0))
+    # Before killing, the supervisor asked the rank that still ticked for its stack.
+    assert "(most recent call first)" in (run / "attempt-0" / "rank-0.log").read_text()
+    assert re.search(r"the stacks of rank\(s\) \[0(, 1)?\] at that moment are in their logs", proc.stderr)
     assert_same_final_state(out, uninterrupted)
 
 
@@ -76,9 +80,11 @@ def test_without_restarts_a_failing_rank_ends_the_run_naming_it_with_its_last_li
     (["-np", "2", "--max-restarts", "-1", "python", "x.py"], "--max-restarts -1: allowed: 0 (never restart) or more"),
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "x.py"], "--hostfile /nonexistent/hosts: cannot be read"),
     (["-np", "2"], "no COMMAND"),
+    (["-np", "2", "--restart-delay", "-1", "python", "x.py"], "--restart-delay -1.0: allowed: 0 to 3600 seconds"),
     (["-np", "2", "-H", "localhost:1,no-such-host.invalid:1", "python", "x.py"],
      "host 'no-such-host.invalid' (-H): its name does not resolve"),
-], ids=["np0", "missing_script", "missing_program", "negative_restarts", "hostfile", "no_command", "unknown_host"])
+], ids=["np0", "missing_script", "missing_program", "negative_restarts", "hostfile", "no_command",
+        "negative_delay", "unknown_host"])
 def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
     (tmp_path / "x.py").write_text("")
     proc = shardrec_run("--run-dir", tmp_path / "run", *args, timeout=30, cwd=tmp_path)
@@ -141,7 +147,7 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
         runs[name] = (proc, final_checkpoint(model_dir))
     killed = runs["killed"][0].stderr
     assert "attempt 0 failed: rank 1 failed (killed by signal 9" in killed, killed[-3000:]
-    assert re.search(r"restarting the job \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
+    assert re.search(r"restarting the job in 5 s \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
     (want_rows, want_w), (got_rows, got_w) = runs["reference"][1], runs["killed"][1]
     assert sorted(got_rows) == sorted(want_rows)
     for key, row in want_rows.items():
