@@ -42,6 +42,7 @@ _REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
 MAX_RESTART_DELAY_S = 300.0
+FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
 
 
 @dataclass
@@ -204,10 +205,15 @@ class Attempt:
         limit = self.spec.hang_timeout
         with self._lock:
             live = [r for r in range(self.spec.np) if not self.beats.get(r, {}).get("exiting")]
+            done = [r for r, b in self.beats.items() if b.get("exiting")]
             silent = {r: now - self.heard.get(r, self.started) for r in live}
             stalled = {r: now - self.moved.get(r, self.started) for r in live}
             hosts = {r: b.get("host") for r, b in self.beats.items()}
-        if not any(t > limit for t in list(silent.values()) + list(stalled.values())):
+        # Once a rank has exited, the others are finishing (closing sessions, MPI and Horovod
+        # teardown over TCP can take seconds): they make no progress by design, so only a longer
+        # wait counts against them. Silence still counts at once.
+        stall_limit = max(limit, FINISH_GRACE_S) if done else limit
+        if not any(t > limit for t in silent.values()) and not any(t > stall_limit for t in stalled.values()):
             return None, None
         quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])
         if quiet:
@@ -221,6 +227,9 @@ class Attempt:
             return (f"rank {rank}{where} sent no heartbeat for {silent[rank]:.0f} s (hang timeout {limit:.0f} s)"
                     f"{self._process_state(rank)}"), rank
         rank = max(stalled, key=lambda r: stalled[r])
+        if done:
+            return (f"rank {rank} did not finish within {stalled[rank]:.0f} s of its last progress, while rank(s) "
+                    f"{sorted(done)} had exited{self._process_state(rank)}"), rank
         return (f"rank {rank} made no progress for {stalled[rank]:.0f} s (hang timeout {limit:.0f} s)"
                 f"{self._process_state(rank)}"), rank
 

@@ -170,3 +170,23 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
     attempt._progress_line(tty=False)  # not a terminal: a plain log line, no bar
     plain = capsys.readouterr().err
     assert re.search(r"\] attempt 0  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", plain), plain
+
+
+def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_at_once(tmp_path):
+    """Closing a session and tearing MPI / Horovod down over TCP can take seconds once a peer has
+    exited (seen in the 2-host test: 10 s in Session.close): that is not a hang until the grace ends."""
+    from shardrec.orchestrator.supervisor import FINISH_GRACE_S, Attempt, JobSpec
+
+    attempt = Attempt(JobSpec(command=["true"], np=3, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
+    attempt.started = now = 1000.0
+    attempt.beats = {0: {"host": "a", "exiting": True}, 1: {"host": "a"}, 2: {"host": "a"}}
+    attempt.heard = {0: now, 1: now + 25, 2: now + 25}
+    attempt.moved = {0: now, 1: now, 2: now}
+    assert attempt._hung(now + 25) == (None, None)  # 25 s without progress, still ticking, rank 0 done
+    attempt.heard = {0: now, 1: now + FINISH_GRACE_S, 2: now + FINISH_GRACE_S}
+    why, rank = attempt._hung(now + FINISH_GRACE_S + 1)
+    assert rank in (1, 2) and f"did not finish within {FINISH_GRACE_S + 1:.0f} s of its last progress, while rank(s) " \
+                              "[0] had exited" in why
+    attempt.heard[2] = now + 5  # rank 2 fell silent: counted at the hang timeout, grace or not
+    why, rank = attempt._hung(now + 16)
+    assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")
