@@ -14,12 +14,11 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "tf_op_common.h"
 
 namespace shardrec {
 namespace {
 
-using tensorflow::DEVICE_CPU;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
@@ -27,11 +26,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
-
-void Parallel(OpKernelContext* ctx, int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& work) {
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(pool->num_threads, pool->workers, total, std::max<int64_t>(1, cost), work);
-}
 
 template <typename Index>
 class RowGatherOp : public OpKernel {
@@ -53,7 +47,7 @@ class RowGatherOp : public OpKernel {
     const float* src = rows.flat<float>().data();
     float* dst = out->flat<float>().data();
     const size_t bytes = dim * sizeof(float);
-    Parallel(ctx, n, dim, [&](int64_t begin, int64_t end) {
+    ParallelRows(ctx, n, dim, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
     });
   }
@@ -83,7 +77,7 @@ class RowGatherGradOp : public OpKernel {
     float* dst = out->flat<float>().data();
     // Cost per distinct row: its share of the scan of `index`, plus its own sums.
     const int64_t cost = dim + std::max<int64_t>(1, n / std::max<int64_t>(1, n_rows)) * (dim + 4);
-    Parallel(ctx, n_rows, cost, [&](int64_t begin, int64_t end) {
+    ParallelRows(ctx, n_rows, cost, [&](int64_t begin, int64_t end) {
       std::memset(dst + begin * dim, 0, (end - begin) * dim * sizeof(float));
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = idx(i);
@@ -125,9 +119,11 @@ class VariableRowGatherOp : public OpKernel {
     const float* src = table.flat<float>().data();
     float* dst = out->flat<float>().data();
     const size_t bytes = dim * sizeof(float);
-    Parallel(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
+    ParallelRows(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        if (i + 16 < end) __builtin_prefetch(src + static_cast<int64_t>(idx(i + 16)) * dim);
+        if (i + kPrefetchAhead < end) {
+          __builtin_prefetch(src + static_cast<int64_t>(idx(i + kPrefetchAhead)) * dim);
+        }
         std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
       }
     });
@@ -182,12 +178,8 @@ REGISTER_OP("ShardrecRowGatherGrad")
     })
     .Doc("rows_grad[r] = sum of grad[i] over the i with index[i] == r, in order of i.");
 
-#define SHARDREC_REGISTER_GATHER(NAME, KERNEL)                                                                  \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int32_t>("Tindex"), KERNEL<int32_t>); \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int64_t>("Tindex"), KERNEL<int64_t>)
-
-SHARDREC_REGISTER_GATHER("ShardrecRowGather", RowGatherOp);
-SHARDREC_REGISTER_GATHER("ShardrecRowGatherGrad", RowGatherGradOp);
-SHARDREC_REGISTER_GATHER("ShardrecVariableRowGather", VariableRowGatherOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecRowGather", "Tindex", RowGatherOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecRowGatherGrad", "Tindex", RowGatherGradOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecVariableRowGather", "Tindex", VariableRowGatherOp);
 
 }  // namespace shardrec

@@ -20,12 +20,11 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "tf_op_common.h"
 
 namespace shardrec {
 namespace {
 
-using tensorflow::DEVICE_CPU;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
@@ -33,8 +32,6 @@ using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::Var;
 using tensorflow::errors::InvalidArgument;
-
-constexpr int64_t kPrefetchAhead = 16;
 
 Status NoOutputs(tensorflow::shape_inference::InferenceContext*) { return tensorflow::OkStatus(); }
 
@@ -95,7 +92,8 @@ template <typename Index, typename Update>
 void ForEachRow(OpKernelContext* ctx, LockedVariables& vars, int n_vars, const Tensor& indices, const Tensor& grad,
                 int cost_per_element, Update update) {
   const Tensor& first = vars.tensor(0);
-  OP_REQUIRES(ctx, first.dims() == 2, InvalidArgument("the table variable must be 2-D, got ", first.shape().DebugString()));
+  OP_REQUIRES(ctx, first.dims() == 2,
+              InvalidArgument("the table variable must be 2-D, got ", first.shape().DebugString()));
   for (int i = 1; i < n_vars; ++i) {
     OP_REQUIRES(ctx, vars.tensor(i).shape() == first.shape(),
                 InvalidArgument("slot ", i, " has shape ", vars.tensor(i).shape().DebugString(), ", the table ",
@@ -126,8 +124,7 @@ void ForEachRow(OpKernelContext* ctx, LockedVariables& vars, int n_vars, const T
       update(static_cast<int64_t>(idx(i)) * dim, g + i * dim, dim);
     }
   };
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(pool->num_threads, pool->workers, n, std::max<int64_t>(1, dim * cost_per_element), work);
+  ParallelRows(ctx, n, dim * cost_per_element, work);
 }
 
 template <typename Index>
@@ -277,13 +274,9 @@ REGISTER_OP("ShardrecSparseApplyFtrl")
     .SetShapeFn(NoOutputs)
     .Doc("FTRL-Proximal on the rows indices (distinct), as ResourceSparseApplyFtrl.");
 
-#define SHARDREC_REGISTER(NAME, KERNEL)                                                                   \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int32_t>("Tindices"), KERNEL<int32_t>); \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU).TypeConstraint<int64_t>("Tindices"), KERNEL<int64_t>)
-
-SHARDREC_REGISTER("ShardrecSparseApplySgd", SgdOp);
-SHARDREC_REGISTER("ShardrecSparseApplyAdagrad", AdagradOp);
-SHARDREC_REGISTER("ShardrecSparseApplyLazyAdam", LazyAdamOp);
-SHARDREC_REGISTER("ShardrecSparseApplyFtrl", FtrlOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecSparseApplySgd", "Tindices", SgdOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecSparseApplyAdagrad", "Tindices", AdagradOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecSparseApplyLazyAdam", "Tindices", LazyAdamOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecSparseApplyFtrl", "Tindices", FtrlOp);
 
 }  // namespace shardrec
