@@ -68,11 +68,14 @@ class EmbeddingTable:
             return emb_initializer([capacity + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param, tf.float32)
 
         # Not trainable: a dense optimizer must never touch a table (it would update every row);
-        # the sparse optimizers find tables through their own collection.
-        variable = tf.compat.v1.Variable(
-            initial_value, name=self.table_name, trainable=False, use_resource=True,
-            shape=[capacity + 1, self.dim], dtype=tf.float32,
-            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
+        # the sparse optimizers find tables through their own collection. Host memory always: the
+        # op library's table kernels are CPU kernels (slots follow, colocated by the optimizer).
+        _say_tables_stay_on_the_host()
+        with tf.device("/cpu:0"):
+            variable = tf.compat.v1.Variable(
+                initial_value, name=self.table_name, trainable=False, use_resource=True,
+                shape=[capacity + 1, self.dim], dtype=tf.float32,
+                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
         # The sentinel row is zeroed in place, as part of the variable's initializer.
         assign = variable.initializer
         with tf.control_dependencies([assign]):
@@ -146,6 +149,12 @@ def check_table_name(owner, name):
         raise ValueError(f"{owner}: parameter 'name' = {name!r} is not allowed; allowed: 1 to 100 characters "
                          "of letters, digits, '_' and '.', not '..'")
     return name
+
+
+def _say_tables_stay_on_the_host():
+    if tf.config.list_physical_devices("GPU"):
+        warn_once("TensorFlow sees a GPU: shardrec's tables, their optimizer slots and their kernels stay in host "
+                  "memory (the dense part of the model may use the GPU)", "shardrec.table")
 
 
 def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1, host_vocabulary_size=0,

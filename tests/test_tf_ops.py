@@ -46,3 +46,17 @@ def test_a_gather_index_outside_the_rows_is_refused(graph):
             sess.run(native_ops.row_gather(rows, tf.constant([0, 4, -1])))
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 5 at 0 is outside the 5 rows"):
             sess.run(native_ops.load().shardrec_row_gather_grad(tf.ones([1, 2]), tf.constant([5]), 5))
+
+
+def test_tables_and_their_slots_are_placed_in_host_memory(runtime):
+    """The op library's table kernels are CPU kernels: a table (and the slots its optimizer makes
+    next to it) is pinned to the host, whatever devices TensorFlow sees."""
+    from mx_rec.optimizers import lazy_adam
+    from shardrec.rank_runtime import create_table
+
+    table = create_table(tf.int64, 4, "placed", tf.compat.v1.zeros_initializer(), device_vocabulary_size=10)
+    assert table.variable.device.endswith("device:CPU:0"), table.variable.device
+    grad = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([0, 1]), tf.constant([11, 4]))
+    lazy_adam.create_hash_optimizer(0.1).apply_gradients([(grad, table.variable)])
+    assert table.slots and all(s.device.endswith("device:CPU:0") for s in table.slots.values()), \
+        {n: s.device for n, s in table.slots.items()}
