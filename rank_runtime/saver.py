@@ -22,6 +22,7 @@ after a restore, because a restore refills the index in row order.
 Tables created after the Saver are not part of it (as with dense variables); tables created with
 is_save=False are never saved.
 """
+import errno
 import json
 import os
 import shutil
@@ -283,9 +284,20 @@ class Saver(_TFSaver):
         while keep and len(self._sparse_saved) > keep:
             old = self._sparse_saved.pop(0)
             shutil.rmtree(old, ignore_errors=True)
-            root = os.path.dirname(old)
-            if os.path.isdir(root) and not os.listdir(root):
-                os.rmdir(root)
+            remove_if_empty(os.path.dirname(old))
+
+
+def remove_if_empty(directory):
+    """Removes a save's directory once its last shard is gone. Every rank forgets its own shard at
+    the same time, so the directory may already be gone (another rank removed it) or not yet empty
+    (another rank's shard is still there): neither is an error of this save, which is committed."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            log.warning("an old checkpoint directory could not be removed (%s); the new checkpoint is saved", e)
 
 
 def _check_layout(manifest_path, table, entry, values_only):
