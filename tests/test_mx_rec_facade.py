@@ -18,7 +18,7 @@ PATHS = {
     "mx_rec.optimizers.adagrad": ["create_hash_optimizer"],
     "mx_rec.optimizers.ftrl": ["create_hash_optimizer"],
     "mx_rec.optimizers.lazy_adam_by_addr": ["create_hash_optimizer_by_address"],
-    "mx_rec.optimizers.gradient_descent_by_addr": ["create_hash_optimizer_by_address"],
+    "mx_rec.optimizers.gradient_descent_by_addr": ["create_hash_optimizer_by_addr", "create_hash_optimizer_by_address"],
     "mx_rec.optimizers.adagrad_by_addr": ["create_hash_optimizer_by_address"],
     "mx_rec.graph.modifier": ["modify_graph_and_start_emb_cache", "GraphModifierHook"],
     "mx_rec.core.feature_process": ["EvictHook"],
@@ -45,6 +45,8 @@ def test_facade_objects_are_the_runtime_objects():
 NOT_BUILT = [
     ("mx_rec.core.feature_process", "EvictHook", "feature admission and eviction"),
     ("mx_rec.optimizers.lazy_adam_by_addr", "create_hash_optimizer_by_address", "dynamic capacity expansion"),
+    ("mx_rec.optimizers.adagrad_by_addr", "create_hash_optimizer_by_address", "dynamic capacity expansion"),
+    ("mx_rec.optimizers.gradient_descent_by_addr", "create_hash_optimizer_by_addr", "dynamic capacity expansion"),
 ]
 
 
