@@ -42,8 +42,11 @@ def start(rank, size):
     # A duplicate of the stderr mpiexec gave us: the script redirecting sys.stderr (or fd 2) later
     # must not swallow the beats.
     _state["fd"] = os.dup(2)
+    import psutil
+
+    # The rank's host, not the supervisor's: memory warnings compare against this.
     _state["fields"].update(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
-                            attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
+                            host_memory=psutil.virtual_memory().total, attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
     atexit.register(_last_beat)
     # The supervisor sends SIGUSR1 to a rank it is about to kill as hung: every thread's stack goes
     # to the rank's log, saying where it was stuck.
@@ -111,7 +114,6 @@ def _write(force=False, tick=False, **extra):
         import psutil
 
         beat["rss"] = psutil.Process().memory_info().rss
-        beat["host_memory"] = psutil.virtual_memory().total  # the rank's host, not the supervisor's
     except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
         pass
     # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -20,6 +21,35 @@ inline void ParallelRows(tensorflow::OpKernelContext* ctx, int64_t total, int64_
                          const std::function<void(int64_t, int64_t)>& work) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
   tensorflow::Shard(pool->num_threads, pool->workers, total, std::max<int64_t>(1, cost), work);
+}
+
+// Fails the kernel naming the first index outside [0, n_rows) ("<what> I at P is outside <of> N rows");
+// true when all are inside.
+template <typename Flat>
+bool IndicesInside(tensorflow::OpKernelContext* ctx, const Flat& idx, int64_t n, int64_t n_rows, const char* what,
+                   const char* of = "the") {
+  for (int64_t i = 0; i < n; ++i) {
+    if (idx(i) < 0 || idx(i) >= n_rows) {
+      ctx->SetStatus(tensorflow::errors::InvalidArgument(what, " ", idx(i), " at ", i, " is outside ", of, " ", n_rows,
+                                                         " rows"));
+      return false;
+    }
+  }
+  return true;
+}
+
+// dst[i] = src[idx(i)] for rows of `dim` floats, in parallel, asking for a later row's lines early
+// (the rows are scattered over `src`).
+template <typename Flat>
+void GatherRows(tensorflow::OpKernelContext* ctx, const float* src, const Flat& idx, int64_t n, int64_t dim,
+                float* dst) {
+  const size_t bytes = dim * sizeof(float);
+  ParallelRows(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchAhead < end) __builtin_prefetch(src + static_cast<int64_t>(idx(i + kPrefetchAhead)) * dim);
+      std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
+    }
+  });
 }
 
 }  // namespace shardrec

@@ -38,18 +38,10 @@ class RowGatherOp : public OpKernel {
     OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
     const int64_t n_rows = rows.dim_size(0), dim = rows.dim_size(1), n = index.dim_size(0);
     auto idx = index.flat<Index>();
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
-                  InvalidArgument("index ", idx(i), " at ", i, " is outside the ", n_rows, " rows"));
-    }
+    if (!IndicesInside(ctx, idx, n, n_rows, "index")) return;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
-    const float* src = rows.flat<float>().data();
-    float* dst = out->flat<float>().data();
-    const size_t bytes = dim * sizeof(float);
-    ParallelRows(ctx, n, dim, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
-    });
+    GatherRows(ctx, rows.flat<float>().data(), idx, n, dim, out->flat<float>().data());
   }
 };
 
@@ -67,10 +59,7 @@ class RowGatherGradOp : public OpKernel {
     OP_REQUIRES(ctx, n_rows >= 0, InvalidArgument("num_rows must be >= 0, got ", n_rows));
     const int64_t n = index.dim_size(0), dim = grad.dim_size(1);
     auto idx = index.flat<Index>();
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
-                  InvalidArgument("index ", idx(i), " at ", i, " is outside the ", n_rows, " rows"));
-    }
+    if (!IndicesInside(ctx, idx, n, n_rows, "index")) return;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_rows, dim}), &out));
     const float* g = grad.flat<float>().data();
@@ -110,23 +99,10 @@ class VariableRowGatherOp : public OpKernel {
     OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
     const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1), n = index.dim_size(0);
     auto idx = index.flat<Index>();
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < n_rows,
-                  InvalidArgument("row ", idx(i), " at ", i, " is outside the table's ", n_rows, " rows"));
-    }
+    if (!IndicesInside(ctx, idx, n, n_rows, "row", "the table's")) return;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
-    const float* src = table.flat<float>().data();
-    float* dst = out->flat<float>().data();
-    const size_t bytes = dim * sizeof(float);
-    ParallelRows(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + kPrefetchAhead < end) {
-          __builtin_prefetch(src + static_cast<int64_t>(idx(i + kPrefetchAhead)) * dim);
-        }
-        std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx(i)) * dim, bytes);
-      }
-    });
+    GatherRows(ctx, table.flat<float>().data(), idx, n, dim, out->flat<float>().data());
   }
 };
 

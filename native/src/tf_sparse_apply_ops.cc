@@ -105,10 +105,7 @@ void ForEachRow(OpKernelContext* ctx, LockedVariables& vars, int n_vars, const T
   OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == n && grad.dim_size(1) == dim,
               InvalidArgument("grad has shape ", grad.shape().DebugString(), "; expected [", n, ", ", dim, "]"));
   auto idx = indices.flat<Index>();
-  for (int64_t i = 0; i < n; ++i) {
-    OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < rows,
-                InvalidArgument("row index ", idx(i), " at ", i, " is outside the table's ", rows, " rows"));
-  }
+  if (!IndicesInside(ctx, idx, n, rows, "row index", "the table's")) return;
   const float* g = grad.flat<float>().data();
   std::vector<float*> tables;
   for (int i = 0; i < n_vars; ++i) tables.push_back(vars.rows(i));
