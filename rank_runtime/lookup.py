@@ -5,9 +5,11 @@ from . import config, native_ops
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from .key_pipeline import channel_of
+from .optimizers import by_address
 from .routing import FeatureRouting
 from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
+from .world import get_world
 
 _OWNER = "sparse_lookup"
 
@@ -71,15 +73,22 @@ def _register_send_count(state, spec, is_train, send_count):
                          "per channel")
 
 
-def _rows_to_requesters(rows, recv_splits, dim, static_rows):
-    """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner."""
-    import horovod.tensorflow as hvd
-
-    # Horovod matches the collectives of the ranks by op name; the graph, built alike on every
-    # rank, gives each lookup's all-to-all the same unique name everywhere.
-    back, _ = hvd.alltoall(rows, splits=recv_splits)
+def _rows_to_requesters(rows, recv_splits, dim, static_rows, exchange, state):
+    """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
+    lookup's own communicators (the op library's row exchange; gradients go back the same way).
+    They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
+    gradient = f"{exchange} gradients"
+    state.row_exchanges += [exchange, gradient]
+    back = native_ops.row_alltoall(rows, recv_splits, exchange, get_world().exchange_timeout_s, gradient)
     back.set_shape([static_rows, dim])
     return back
+
+
+def _exchange_name(state, table, spec, is_train):
+    """'<table>/<feature>/<channel>#<n>': the same on every rank, whatever order the lookups were built in."""
+    stem = f"{table.table_name}/{spec.name}/{channel_of(is_train)}"
+    n = sum(1 for name in state.row_exchanges if name.startswith(stem + "#") and not name.endswith(" gradients"))
+    return f"{stem}#{n}"
 
 
 def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
@@ -147,6 +156,8 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         hashtable.distinct_slot_tensors.add(slots.ref())
         if not is_grad:
             rows = tf.stop_gradient(rows)
+        elif cfg.use_dynamic_expansion and is_train:
+            by_address.record_lookup(hashtable, rows, tf.cast(slots, tf.int64, name="id_offset"))
         width = hashtable.dim
         if serving_default_value is not None:
             # The owner knows which keys have no row: that flag travels back as one more column.
@@ -158,8 +169,10 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         if not cfg.use_dynamic:
             rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
         if cfg.size > 1:
+            state = cfg.graph_state()
             rows = _rows_to_requesters(rows, routing.recv_splits, width,
-                                       None if cfg.use_dynamic else send_count * cfg.size)
+                                       None if cfg.use_dynamic else send_count * cfg.size,
+                                       _exchange_name(state, hashtable, ids, is_train), state)
         emb = native_ops.row_gather(rows, restore)
         if serving_default_value is not None:
             default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [hashtable.dim])

@@ -1,10 +1,12 @@
 """shardrec's TensorFlow op library (native/src/tf_*.cc, built by the set-up next to the pybind11
-core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels and a lookup's row
-gathers with their gradient.
+core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels, a lookup's row
+gathers with their gradient, and the binding of table variables to their native row stores.
 
 Loaded on first use; a missing library, or one built against another TensorFlow, stops with an
 error that says how to rebuild it instead of a bare dlopen message.
 """
+import ctypes
+import functools
 import glob
 import os
 
@@ -13,7 +15,8 @@ import tensorflow as tf
 REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` target), which rebuilds it for the " \
           "installed TensorFlow"
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
-           "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather")
+           "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
+           "shardrec_store_bind", "shardrec_row_alltoall")
 _loaded = {}
 
 
@@ -43,11 +46,63 @@ def load(path=None):
     return _loaded[path]
 
 
+@functools.lru_cache(maxsize=None)
+def _c_library():
+    """The same library as C functions (dlopen of the loaded file returns the loaded library)."""
+    load()
+    lib = ctypes.CDLL(library_path())
+    for fn in (lib.shardrec_store_register, lib.shardrec_store_unregister):
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
+    lib.shardrec_comm_register.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.shardrec_comm_register.restype = ctypes.c_int
+    return lib
+
+
+def register_comm(exchange, handle):
+    """The row exchange kernels named `exchange` use the communicator whose Fortran handle is `handle`."""
+    _c_library().shardrec_comm_register(exchange.encode(), handle)
+
+
+def register_store(store):
+    """Lets the op library's kernels find `store` (a native RowStore) by its address; it keeps the
+    store alive until unregister_store."""
+    _c_library().shardrec_store_register(store.address)
+
+
+def unregister_store(store):
+    _c_library().shardrec_store_unregister(store.address)
+
+
+def store_bind(variable, store, column, initial):
+    """The initializer of a table variable (or slot) bound to `column` of `store`."""
+    return load().shardrec_store_bind(variable.handle, initial, store=store.address, column=column)
+
+
 def variable_row_gather(variable, index):
     """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
     reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`)."""
     rows = load().shardrec_variable_row_gather(variable.handle, index, dim=int(variable.shape[1]))
     return rows
+
+
+def row_alltoall(rows, splits, exchange, timeout_s, gradient=None):
+    """Sends splits[r] rows to rank r on the communicator registered as `exchange` (world.py);
+    returns the rows received, by rank. Its gradient sends the gradients back the same way on the
+    exchange named `gradient` (required where a gradient is taken)."""
+    out, _ = load().shardrec_row_alltoall(rows, splits, exchange=exchange, timeout_s=timeout_s,
+                                          gradient=gradient or "")
+    return out
+
+
+@tf.RegisterGradient("ShardrecRowAlltoall")
+def _row_alltoall_grad(op, grad, _):
+    gradient = op.get_attr("gradient").decode()
+    if not gradient:
+        raise LookupError(f"{op.name}: this row exchange was built without a gradient exchange (an evaluation "
+                          "lookup); no gradient flows through it")
+    back, _ = load().shardrec_row_alltoall(tf.convert_to_tensor(grad), op.outputs[1], exchange=gradient,
+                                           timeout_s=op.get_attr("timeout_s"))
+    return back, None
 
 
 def row_gather(rows, index):

@@ -29,6 +29,3 @@ class NotBuiltClass:
 class EvictHook(NotBuiltClass):
     capability = "feature admission and eviction"
 
-
-# Dynamic capacity expansion (seed 002): the by-address optimizers.
-create_hash_optimizer_by_address = not_built("create_hash_optimizer_by_address", "dynamic capacity expansion")

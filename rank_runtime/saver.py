@@ -38,6 +38,7 @@ from tensorflow.python.training import training_util
 
 from . import config
 from .logs import get_logger
+from .row_store import MEMORY_LIMIT_ENV
 from .sparse_checkpoint import (CheckpointError, needed_shards, read_array, read_manifest, shard_name, sparse_dir,
                                 write_shard)
 from .world import get_world
@@ -83,42 +84,32 @@ def _agree(what, attempt, consequence):
                           f"{consequence}") from attempt.error
 
 
-class _TableCheckpointOps:
-    """Graph ops that read and write the rows of a table and its slots at given row numbers."""
+class _TableInitOps:
+    """Graph ops that tell whether a table and its slots are initialised, and initialise them. A
+    session restored from a checkpoint runs no init_op: tables and slots, which the dense checkpoint
+    does not hold, are initialised by the restore when they are not yet."""
 
     def __init__(self, table):
-        variables = {"values": table.variable, **table.slots}
+        variables = [table.variable, *table.slots.values()]
         with tf.name_scope(f"shardrec_checkpoint/{table.table_name}"):
-            self.rows_at = tf.compat.v1.placeholder(tf.int32, [None], name="rows_at")
-            self.read = {name: tf.gather(var, self.rows_at) for name, var in variables.items()}
-            self.rows = {name: tf.compat.v1.placeholder(tf.float32, [None, table.dim], name=f"{name}_rows")
-                         for name in variables}
-            # A session restored from a checkpoint runs no init_op: tables and slots, which the
-            # dense checkpoint does not hold, are initialised here when they are not yet.
-            self.initialized = [tf.raw_ops.VarIsInitializedOp(resource=v.handle) for v in variables.values()]
-            self.initializers = [v.initializer for v in variables.values()]
-            # A scatter, not a slice assign of rows 0..n-1: TensorFlow copies the whole variable
-            # for a dense assign into it (measured: 0.6-0.85 s against 0.46 s at 2M keys).
-            self.write = {name: tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=self.rows_at,
-                                                                 updates=self.rows[name])
-                          for name, var in variables.items()}
+            self.initialized = [tf.raw_ops.VarIsInitializedOp(resource=v.handle) for v in variables]
+            self.initializers = [v.initializer for v in variables]
 
 
 def _checkpoint_ops(table):
     key = tuple(sorted(table.slots))
     if getattr(table, "_checkpoint_ops_key", None) != key:
-        table._checkpoint_ops = _TableCheckpointOps(table)
+        table._checkpoint_ops = _TableInitOps(table)
         table._checkpoint_ops_key = key
     return table._checkpoint_ops
 
 
 def read_table_rows(sess, table):
-    """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order. Keys are
-    taken under the index's lock with their rows, which no step changes while this runs."""
+    """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
+    from the native row store (no session run; `sess` is kept for callers). Keys are taken under
+    the index's lock with their rows, which no step changes while this runs."""
     keys, rows_at = table.index.export()
-    ops = _checkpoint_ops(table)
-    arrays = sess.run(ops.read, feed_dict={ops.rows_at: rows_at})
-    return {"keys": keys, **arrays}
+    return {"keys": keys, **{name: table.store.read_rows(column, rows_at) for name, column in table.columns.items()}}
 
 
 def _without_tables(var_list, excluded):
@@ -364,10 +355,10 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
                 arrays.setdefault(name, []).append(rows[mine])
         keys = _joined(keys)
         arrays = {name: _joined(parts) for name, parts in arrays.items()}
-        if len(keys) > table.capacity():
+        if len(keys) > table.max_rows():
             raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
-                                  f"{cfg.rank}, more than its capacity {table.capacity()}; raise "
-                                  "device_vocabulary_size")
+                                  f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "
+                                  "device_vocabulary_size" + (f" or {MEMORY_LIMIT_ENV}" if table.expands else ""))
         out[table.table_name] = (keys, arrays)
     return out
 
@@ -389,9 +380,8 @@ def _apply_tables(sess, tables, shards):
         sess.run([init for init, ok in zip(ops.initializers, done) if used or not ok])
         table.index.clear()
         rows_at = table.index.lookup(keys, allocate=True)
-        feed = {ops.rows_at: rows_at}
-        feed.update({ops.rows[name]: rows for name, rows in arrays.items()})
-        sess.run([ops.write[name] for name in arrays], feed_dict=feed)
+        for name, rows in arrays.items():
+            table.store.write_rows(table.columns[name], rows_at, np.ascontiguousarray(rows, np.float32))
     log.info("restored this rank's keys of %d table(s): %s", len(tables),
              ", ".join(f"{t.table_name}={t.size()}" for t in tables))
 

@@ -1,5 +1,5 @@
 """Where a training step's time goes, read from a traced Session.run: the share of the step's
-wall time during which a row all-to-all (Horovod's HorovodAlltoall) was running.
+wall time during which a row all-to-all (the op library's ShardrecRowAlltoall) was running.
 
     md = tf.compat.v1.RunMetadata()
     sess.run(train_op, options=traced_run_options(), run_metadata=md)
@@ -11,7 +11,7 @@ them run at once is counted once, and a wait for a slower rank counts as exchang
 """
 import tensorflow as tf
 
-ROW_EXCHANGE_OP = "HorovodAlltoall"
+ROW_EXCHANGE_OP = "ShardrecRowAlltoall"
 
 
 def traced_run_options():

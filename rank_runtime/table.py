@@ -1,16 +1,21 @@
 """Sparse tables: ``create_table`` and the per-rank shard it returns.
 
-A shard is a TensorFlow variable of ``capacity + 1`` rows (the device tier) plus the native index
-that maps keys to rows. The extra last row is the sentinel: it stays zero and is what a key with
-no row (unknown at evaluation, padding in static shapes) reads.
+A shard is a native row store (row_store.py) with the native index that maps keys to its rows. Its
+values, and each optimizer slot, are a column of the store, which TensorFlow sees as a resource
+variable of ``rows + 1`` rows whose tensor is that column (bound by the variable's initializer):
+TensorFlow's gradients, the sparse optimizers' fused kernels and Saver work on it as on any
+variable, while the rows stay where the native core put them. The extra last row is the sentinel:
+it stays zero and is what a key with no row (unknown at evaluation, padding in static shapes) reads.
 """
 import math
 import re
+import weakref
 
 import tensorflow as tf
 
-from . import config
+from . import config, native_ops
 from .logs import get_logger, warn_once
+from .row_store import make_store
 from .validation import check_choice, check_int, check_number, check_type
 from .world import get_world
 
@@ -28,7 +33,7 @@ class EmbeddingTable:
     """One rank's shard of a sparse table."""
 
     def __init__(self, name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                 init_param, is_save, all2all_gradients_op):
+                 init_param, is_save, all2all_gradients_op, expands=False, rank=0):
         self.table_name = name
         self.key_dtype = key_dtype
         self.dim = dim
@@ -36,16 +41,28 @@ class EmbeddingTable:
         self.is_save = is_save
         self.init_param = init_param
         self.all2all_gradients_op = all2all_gradients_op
+        self.expands = expands
         from ..native import core as native_core  # links MPI: imported once init() has started it
 
-        self.index = native_core.EmbeddingIndex(name, capacity)
+        self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank)
+        native_ops.register_store(self.store)
+        weakref.finalize(self, native_ops.unregister_store, self.store)
+        # The key index of a fixed table is sized for all its rows at once (no batch stalls on a
+        # rehash); one that grows starts at a chunk's worth of keys and doubles, so that its memory,
+        # too, follows the keys stored rather than the size the table was created with.
+        expected = min(capacity, self.store.chunk_rows) if expands else capacity
+        self.index = native_core.EmbeddingIndex(name, rows, self.store, expected, expands)
         self.lookup_count = 0
         # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
         self.distinct_slot_tensors = set()
+        # With dynamic expansion: a lookup's address tensor (ref) -> its local rows (by_address.py).
+        self.address_lookups = {}
         self.graph = tf.compat.v1.get_default_graph()
-        self.variable = self._make_variable(emb_initializer, capacity)
+        self.variable = self._make_variable(emb_initializer, rows)
         # "<optimizer name>.<slot name>" -> slot variable, rows aligned with self.variable.
         self.slots = {}
+        # "values" and every slot name -> its column in the row store.
+        self.columns = {"values": 0}
         # Names of the sparse optimizers that update this table in this graph (none: inference).
         self.optimizers = set()
 
@@ -60,28 +77,41 @@ class EmbeddingTable:
             self.slots[name] = variable
             tf.compat.v1.add_to_collection(SPARSE_SLOTS_COLLECTION, variable)
 
-    def _make_variable(self, emb_initializer, capacity):
-        def initial_value():
-            # A scalar multiply reuses the initializer's buffer; a broadcast multiply, concat or
-            # scatter that zeroed the sentinel row here would allocate a second table-sized buffer
-            # that the allocator keeps (measured: +37 bytes per key at dim 16).
-            return emb_initializer([capacity + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param, tf.float32)
+    def make_slot(self, name, variable_name, initial_value):
+        """A slot variable of the optimizer slot `name` ("<optimizer>.<slot>"): a column of the row
+        store whose rows start at the scalar `initial_value`."""
+        if name in self.slots:
+            return self.slots[name]
+        column = self.store.add_column(float(initial_value))
+        variable = self._bound_variable(variable_name, column, None, [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+        self.register_slot(name, variable)
+        self.columns[name] = column
+        return variable
 
+    def _make_variable(self, emb_initializer, rows):
+        if self.expands:
+            initial = None  # the native core draws rows as they come into use
+        else:
+            def initial():
+                return emb_initializer([rows + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param,
+                                                                                             tf.float32)
+        return self._bound_variable(self.table_name, 0, initial,
+                                    [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
+
+    def _bound_variable(self, name, column, initial, collections):
+        """A resource variable whose tensor is `column` of the row store (bound by its initializer;
+        `initial`, for the values of a fixed-size table, gives TensorFlow's initial values)."""
+        shape = [self.store.rows, self.dim]
         # Not trainable: a dense optimizer must never touch a table (it would update every row);
         # the sparse optimizers find tables through their own collection. Host memory always: the
-        # op library's table kernels are CPU kernels (slots follow, colocated by the optimizer).
+        # store is host memory and the op library's kernels are CPU kernels.
         _say_tables_stay_on_the_host()
         with tf.device("/cpu:0"):
             variable = tf.compat.v1.Variable(
-                initial_value, name=self.table_name, trainable=False, use_resource=True,
-                shape=[capacity + 1, self.dim], dtype=tf.float32,
-                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
-        # The sentinel row is zeroed in place, as part of the variable's initializer.
-        assign = variable.initializer
-        with tf.control_dependencies([assign]):
-            zero_sentinel = tf.raw_ops.ResourceScatterUpdate(resource=variable.handle, indices=[capacity],
-                                                             updates=tf.zeros([1, self.dim]))
-        variable._initializer_op = tf.group(assign, zero_sentinel, name=f"{self.table_name}/initializer")
+                initial or (lambda: tf.raw_ops.Empty(shape=shape, dtype=tf.float32)), name=name, trainable=False,
+                use_resource=True, shape=shape, dtype=tf.float32, collections=collections)
+            given = variable.initial_value if initial else tf.zeros([0, self.dim])
+            variable._initializer_op = native_ops.store_bind(variable, self.store, column, given)
         return variable
 
     @property
@@ -93,7 +123,12 @@ class EmbeddingTable:
         return self.index.size()
 
     def capacity(self):
-        """Rows this rank's shard can hold."""
+        """Rows this rank's shard can hold now: its fixed size, or with dynamic expansion the rows
+        in use (they grow a chunk at a time as keys arrive, up to max_rows())."""
+        return self.store.in_use if self.expands else self.index.capacity
+
+    def max_rows(self):
+        """Rows this rank's shard may ever hold (with dynamic expansion: what its memory limit allows)."""
         return self.index.capacity
 
     def global_size(self, timeout=60.0):
@@ -104,9 +139,11 @@ class EmbeddingTable:
     def counters(self):
         """This rank's counters: keys held and capacity, keys sent to owners and received as owner
         (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased, and
-        the bytes of the key index."""
+        the bytes of the key index and of the rows in use (values, optimizer slots, metadata)."""
+        store_bytes = self.store.bytes()
         c = dict(self.index.counters(), size=self.size(), capacity=self.capacity(),
-                 index_bytes=self.index.memory_bytes())
+                 index_bytes=self.index.memory_bytes(), value_bytes=store_bytes["values"],
+                 slot_bytes=store_bytes["slots"], metadata_bytes=store_bytes["metadata"])
         c["key_bytes_sent"] = 8 * c["keys_sent"]
         c["key_bytes_received"] = 8 * c["keys_received"]
         c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]
@@ -206,9 +243,13 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
 
     capacity = math.ceil(device_vocabulary_size / cfg.size)
     table = EmbeddingTable(name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                           init_param, is_save, all2all_gradients_op)
+                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank)
     cfg.tables[name] = table
-    log.info("table %r: dim %d, %d rows per rank (%d ranks)", name, dim, capacity, cfg.size)
+    if table.expands:
+        log.info("table %r: dim %d, grows from 0 rows per rank as keys arrive, up to %d (its memory limit; %d ranks)",
+                 name, dim, table.max_rows(), cfg.size)
+    else:
+        log.info("table %r: dim %d, %d rows per rank (%d ranks)", name, dim, capacity, cfg.size)
     return table
 
 

@@ -1,5 +1,6 @@
-"""The rank layout and the communicators: MPI through mpi4py, Horovod on the same world, and a
-duplicated communicator per key-exchange channel so the native all-to-alls never meet Horovod's
+"""The rank layout and the communicators: MPI through mpi4py, Horovod on the same world (dense
+allreduce and broadcast), a duplicated communicator per key-exchange channel, and two per lookup
+for its row exchange (rows, gradients), so that the native all-to-alls never meet Horovod's
 collectives or each other.
 
 MPI starts here, in init(), and not when a module is imported (importing mpi4py.MPI, or the
@@ -67,6 +68,34 @@ class World:
         self._helper = comm.Dup()
         self._helper_broken = None
         self._mpi = MPI
+        self._world_comm = comm
+        self._row_comms = {}
+        self.exchange_timeout_s = timeout
+
+    def make_row_exchanges(self, names):
+        """Communicators for the row exchanges `names` (one per lookup direction), registered with the
+        op library under those names. Called by every rank when its key pipeline starts: the ranks
+        first check that they built the same lookups, then create the missing communicators in name
+        order, so that the pairing does not depend on the order the lookups were built in. Names
+        made before (a graph built again, as the Estimator does) keep their communicators."""
+        from . import native_ops
+
+        names = sorted(set(names))
+        what = "start_asc_pipeline: the row exchanges of the lookups"
+        if self.size > 1:
+            listed = self.gather_texts("\n".join(names), what)
+            if len(set(listed)) > 1:
+                mine, other = set(names), next(set(t.split("\n")) for t in listed if t != "\n".join(names))
+                diff = sorted(mine ^ other)
+                raise ValueError(f"{what}: the ranks built different lookups (first difference: {diff[0]!r}); every "
+                                 "rank must build the same sparse_lookup calls")
+        for name in names:
+            if name in self._row_comms:
+                continue
+            made = []
+            self._wait(lambda: made.append(self._world_comm.Idup()) or made[0][1], f"{what} ({name})", 60.0)
+            self._row_comms[name] = made[0][0]
+            native_ops.register_comm(name, made[0][0].py2f())
 
     def restart_channels(self):
         """A channel stopped by an error runs again under a new configuration (every rank calls

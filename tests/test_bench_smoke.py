@@ -29,7 +29,9 @@ def test_short_benchmark_writes_every_row(tmp_path):
                 not row["peer"].startswith("tfra"):
             assert row["shardrec"] > 0 and row["peer_value"] > 0, row
     memory = [r for r in report["rows"] if r["workload"] == "memory" and r["peer"].startswith("payload")]
-    assert len(memory) == 2 and "capacity = 2x keys" in memory[1]["note"]
+    assert len(memory) == 3 and "capacity = 2x keys" in memory[1]["note"]
+    grown = memory[2]
+    assert "dynamic expansion" in grown["note"] and 0 < grown["shardrec"] < memory[1]["shardrec"], grown
     scaling = next(r for r in report["rows"] if r["workload"] == "scaling")
     assert 0 < scaling["efficiency"] and 0 < scaling["two_ranks"]["row_exchange_share"] < 1
     exchange = next(r for r in report["rows"] if r["workload"] == "exchange_only")

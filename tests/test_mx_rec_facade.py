@@ -44,9 +44,6 @@ def test_facade_objects_are_the_runtime_objects():
 
 NOT_BUILT = [
     ("mx_rec.core.feature_process", "EvictHook", "feature admission and eviction"),
-    ("mx_rec.optimizers.lazy_adam_by_addr", "create_hash_optimizer_by_address", "dynamic capacity expansion"),
-    ("mx_rec.optimizers.adagrad_by_addr", "create_hash_optimizer_by_address", "dynamic capacity expansion"),
-    ("mx_rec.optimizers.gradient_descent_by_addr", "create_hash_optimizer_by_addr", "dynamic capacity expansion"),
 ]
 
 
@@ -60,12 +57,9 @@ def test_names_not_built_yet_raise(path, name, capability):
 def test_capabilities_not_built_yet_refused_by_parameters(runtime):
     import tensorflow as tf
 
-    from shardrec.rank_runtime import FeatureSpec, config, create_table, init
+    from shardrec.rank_runtime import FeatureSpec, create_table
 
     with pytest.raises(NotImplementedError, match="feature admission and eviction"):
         FeatureSpec("f", table_name="t", access_threshold=3)
     with pytest.raises(NotImplementedError, match="host-memory and SSD tiers"):
         create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=100)
-    config.terminate_config_initializer()
-    with pytest.raises(NotImplementedError, match="dynamic capacity expansion"):
-        init(use_dynamic_expansion=True)

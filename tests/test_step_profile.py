@@ -21,7 +21,7 @@ def test_share_counts_the_union_of_overlapping_exchanges():
     # Step spans [100, 300); the exchanges cover [120, 160) u [150, 170) u [200, 210) = 60 us.
     md = _metadata([("matmul", 100, 50), ("a2a_fwd", 120, 40), ("a2a_bwd", 150, 20), ("a2a_fwd", 200, 10),
                     ("apply", 250, 50)])
-    # NoOps stand in for HorovodAlltoall ops; "matmul" and "apply" are not in the graph's exchange ops.
+    # NoOps stand in for ShardrecRowAlltoall ops; "matmul" and "apply" are not in the graph's exchange ops.
     assert row_exchange_share(md, graph, op_type="NoOp") == pytest.approx(60 / 200)
     assert row_exchange_share(md, graph) == 0
 

@@ -60,3 +60,25 @@ def test_tables_and_their_slots_are_placed_in_host_memory(runtime):
     lazy_adam.create_hash_optimizer(0.1).apply_gradients([(grad, table.variable)])
     assert table.slots and all(s.device.endswith("device:CPU:0") for s in table.slots.values()), \
         {n: s.device for n, s in table.slots.items()}
+
+
+def test_a_row_exchange_without_a_communicator_says_to_start_the_pipeline(graph):
+    op = native_ops.row_alltoall(tf.zeros([2, 3]), tf.constant([2], tf.int32), "never/made/train#0", 5.0)
+    with tf.compat.v1.Session() as sess:
+        with pytest.raises(tf.errors.FailedPreconditionError, match=r"row exchange 'never/made/train#0' has no "
+                                                                    r"communicator in this process: start the key "
+                                                                    r"pipeline \(start_asc_pipeline\(\)"):
+            sess.run(op)
+
+
+def test_row_exchange_on_one_rank_returns_the_rows_and_its_gradient_sends_them_back(runtime):
+    from shardrec.rank_runtime.world import get_world
+
+    get_world().make_row_exchanges(["unit/f/train#0", "unit/f/train#0 gradients"])
+    rows = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+    out = native_ops.row_alltoall(rows, tf.constant([4], tf.int32), "unit/f/train#0", 5.0, "unit/f/train#0 gradients")
+    grad = tf.gradients(tf.reduce_sum(out * 2.0), rows)[0]
+    with tf.compat.v1.Session() as sess:
+        got, got_grad = sess.run([out, grad])
+    np.testing.assert_array_equal(got, np.arange(12).reshape(4, 3))
+    np.testing.assert_array_equal(got_grad, np.full((4, 3), 2.0))

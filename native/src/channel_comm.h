@@ -29,8 +29,9 @@ class ExchangeTimeout : public ExchangeError {
 
 class ChannelComm {
  public:
-  ChannelComm(MPI_Comm comm, std::string channel, double timeout_s)
-      : comm_(comm), channel_(std::move(channel)), timeout_s_(timeout_s) {
+  // `kind` names the exchange in errors: the key exchange of a channel, or the row exchange of a lookup.
+  ChannelComm(MPI_Comm comm, std::string channel, double timeout_s, std::string kind = "key exchange")
+      : comm_(comm), channel_(std::move(channel)), kind_(std::move(kind)), timeout_s_(timeout_s) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
   }
@@ -93,6 +94,15 @@ class ChannelComm {
     finish_collective(req, what);
   }
 
+  // Rows of floats: counts and displacements in floats.
+  void alltoallv(const float* send, const int* scount, const int* sdispl, float* recv, const int* rcount,
+                 const int* rdispl, const std::string& what) {
+    check_usable();
+    MPI_Request req;
+    MPI_Ialltoallv(send, scount, sdispl, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, comm_, &req);
+    finish_collective(req, what);
+  }
+
   // Every rank's string, in rank order (used to name what differs between ranks).
   std::vector<std::string> gather_strings(const std::string& mine, const std::string& what) {
     std::vector<int64_t> lengths(world_);
@@ -131,7 +141,7 @@ class ChannelComm {
   }
 
   [[noreturn]] void fail_timeout(const std::string& what, const std::string& who) {
-    broken_ = "key exchange '" + channel_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+    broken_ = kind_ + " '" + channel_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
               "), " + what + ": " + who + " within " + std::to_string(static_cast<int>(timeout_s_)) +
               " s (SHARDREC_EXCHANGE_TIMEOUT_S). Every rank must run the same number of batches on this channel: "
               "check that the other ranks are alive and run the same script (an evaluation on one rank only, or a "
@@ -175,6 +185,7 @@ class ChannelComm {
 
   MPI_Comm comm_;
   std::string channel_;
+  std::string kind_;
   double timeout_s_;
   int rank_ = 0;
   int world_ = 1;

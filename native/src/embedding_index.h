@@ -1,6 +1,7 @@
-// One table shard's key index: which device-tier row (slot) holds each key, which rows are
-// free, and the counters users see. Thread-safe: the train and eval pipelines of a table
-// run in different TensorFlow threads.
+// One table shard's key index: which row (slot) of the shard's row store holds each key, which
+// rows are free, and the counters users see. Thread-safe: the train and eval pipelines of a
+// table run in different TensorFlow threads. A new row beyond the rows in use puts the next chunk
+// of the store in use (dynamic expansion), on the pipeline's thread, before any kernel sees it.
 #pragma once
 
 #include <cstdint>
@@ -10,13 +11,9 @@
 #include <vector>
 
 #include "key_slot_map.h"
+#include "row_store.h"
 
 namespace shardrec {
-
-class CapacityError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct IndexCounters {
   uint64_t keys_sent = 0;      // unique batch keys sent to their owners (own rank included)
@@ -28,15 +25,25 @@ struct IndexCounters {
 
 class EmbeddingIndex {
  public:
-  // The map is sized for the whole shard here, so that no batch stalls on a rehash (a rehash of a
-  // large map inside one batch made inserting batches 5-10x slower than the median). It costs
-  // 16 bytes per row of capacity, a quarter of a dim-16 row of values, which is allocated too.
-  EmbeddingIndex(std::string name, int64_t capacity)
-      : name_(std::move(name)), capacity_(static_cast<int32_t>(capacity)) {
+  // `capacity`: the rows the shard may hold (the store's rows less the sentinel). The map is sized
+  // for `expected` keys here, so that no batch stalls on a rehash (a rehash of a large map inside
+  // one batch made inserting batches 5-10x slower than the median): the whole shard for a table
+  // of fixed size; with dynamic expansion, the shard's initial size, and it doubles from there.
+  EmbeddingIndex(std::string name, int64_t capacity, RowStore* store, int64_t expected, bool expands)
+      : name_(std::move(name)), capacity_(static_cast<int32_t>(capacity)), store_(store), expands_(expands) {
     if (capacity < 1 || capacity >= INT32_MAX)
       throw std::invalid_argument("capacity must be in [1, 2^31-2], got " + std::to_string(capacity));
-    map_.reserve(static_cast<size_t>(capacity));
+    if (store == nullptr || store->rows() != capacity + 1)
+      throw std::invalid_argument("the row store must have capacity + 1 rows");
+    store_->ref();
+    map_.reserve(static_cast<size_t>(std::max<int64_t>(1, std::min(expected, capacity))));
   }
+  ~EmbeddingIndex() { store_->unref(); }
+  EmbeddingIndex(const EmbeddingIndex&) = delete;
+  EmbeddingIndex& operator=(const EmbeddingIndex&) = delete;
+
+  RowStore& store() { return *store_; }
+  bool expands() const { return expands_; }
 
   const std::string& name() const { return name_; }
   int32_t capacity() const { return capacity_; }
@@ -136,17 +143,22 @@ class EmbeddingIndex {
     if (!free_.empty()) {
       const int32_t s = free_.back();
       free_.pop_back();
+      if (expands_) store_->reset_row(s);
       return s;
     }
     if (next_slot_ >= capacity_) {
       throw CapacityError("table '" + name_ + "': the device tier is full (" + std::to_string(capacity_) +
-                          " rows on this rank); raise the table's device_vocabulary_size");
+                          " rows on this rank); raise the table's device_vocabulary_size" +
+                          (expands_ ? " or SHARDREC_TABLE_MEMORY_LIMIT" : ", or init(use_dynamic_expansion=True)"));
     }
+    store_->ensure_rows(static_cast<int64_t>(next_slot_) + 1);
     return next_slot_++;
   }
 
   const std::string name_;
   const int32_t capacity_;
+  RowStore* const store_;
+  const bool expands_;
   mutable std::mutex mu_;
   KeySlotMap map_;
   std::vector<int32_t> free_;

@@ -230,20 +230,36 @@ class KeyExchange {
 
   void agree_on_capacity(const FeatureSet& fs, int64_t full_feature) {
     const int world = comm_.world();
-    const int64_t mine[2] = {full_feature,
-                             full_feature >= 0 ? fs.features[static_cast<size_t>(full_feature)].index->capacity() : 0};
-    std::vector<int64_t> all(2 * static_cast<size_t>(world));
-    comm_.gather_status(mine, 2, all.data(), "capacity agreement");
+    int64_t mine[3] = {full_feature, 0, 0};
+    if (full_feature >= 0) {
+      EmbeddingIndex* index = fs.features[static_cast<size_t>(full_feature)].index;
+      // A table that grows stops at its memory limit (or at the most rows an index holds).
+      mine[1] = index->expands() ? index->store().in_use() : index->capacity();
+      mine[2] = index->expands() ? index->store().memory_limit() : 0;
+    }
+    std::vector<int64_t> all(3 * static_cast<size_t>(world));
+    comm_.gather_status(mine, 3, all.data(), "capacity agreement");
     std::string full;
+    bool grows = false;
     for (int r = 0; r < world; ++r) {
-      if (all[2 * r] < 0) continue;
-      const auto& f = fs.features[static_cast<size_t>(all[2 * r])];
-      full += (full.empty() ? "" : "; ") + std::string("table '") + f.index->name() + "' is full on rank " +
-              std::to_string(r) + " (" + std::to_string(all[2 * r + 1]) + " rows per rank, reached by feature '" +
-              f.name + "')";
+      if (all[3 * r] < 0) continue;
+      const auto& f = fs.features[static_cast<size_t>(all[3 * r])];
+      const std::string rows = std::to_string(all[3 * r + 1]);
+      full += (full.empty() ? "" : "; ") + std::string("table '") + f.index->name();
+      if (all[3 * r + 2] > 0) {
+        grows = true;
+        full += "' reached its memory limit of " + std::to_string(all[3 * r + 2]) + " bytes on rank " +
+                std::to_string(r) + " (" + rows + " rows in use, reached by feature '" + f.name + "')";
+      } else {
+        full += "' is full on rank " + std::to_string(r) + " (" + rows + " rows per rank, reached by feature '" +
+                f.name + "')";
+      }
     }
     if (!full.empty())
-      throw ExchangeError(full + "; raise the table's device_vocabulary_size (every rank stops here)");
+      throw ExchangeError(full + (grows ? "; raise SHARDREC_TABLE_MEMORY_LIMIT (bytes per table and rank, suffixes "
+                                          "K/M/G/T), or evict keys (every rank stops here)"
+                                        : "; raise the table's device_vocabulary_size, or grow it with "
+                                          "init(use_dynamic_expansion=True) (every rank stops here)"));
   }
 
   void resolve(const ExchangeFeature& feature, size_t f, FeatureRouting& o) {

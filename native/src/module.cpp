@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 
 #include "batch_dedup.h"
 #include "embedding_index.h"
@@ -16,6 +17,7 @@ using shardrec::BatchDedup;
 using shardrec::EmbeddingIndex;
 using shardrec::FeatureSet;
 using shardrec::KeyExchange;
+using shardrec::RowStore;
 
 namespace {
 
@@ -49,6 +51,37 @@ py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool al
     index.lookup(keys.data(), static_cast<size_t>(keys.size()), allocate, slots.mutable_data());
   }
   return slots;
+}
+
+std::shared_ptr<RowStore> shared_store(RowStore* s) {
+  return std::shared_ptr<RowStore>(s, [](RowStore* p) { p->unref(); });
+}
+
+// Rows of column `c` at `rows` (every one in use), as a [n, dim] array / from one.
+py::array_t<float> read_rows(const RowStore& store, int c, CArray<int32_t> rows) {
+  if (c < 0 || c >= store.n_columns()) throw std::out_of_range("no column " + std::to_string(c));
+  const int64_t n = rows.size();
+  for (int64_t i = 0; i < n; ++i)
+    if (rows.data()[i] < 0 || rows.data()[i] >= store.in_use())
+      throw std::out_of_range("row " + std::to_string(rows.data()[i]) + " is not in use");
+  py::array_t<float> out({n, store.dim()});
+  {
+    py::gil_scoped_release nogil;
+    store.read_rows(c, rows.data(), n, out.mutable_data());
+  }
+  return out;
+}
+
+void write_rows(RowStore& store, int c, CArray<int32_t> rows, CArray<float> values) {
+  if (c < 0 || c >= store.n_columns()) throw std::out_of_range("no column " + std::to_string(c));
+  const int64_t n = rows.size();
+  if (values.ndim() != 2 || values.shape(0) != n || values.shape(1) != store.dim())
+    throw std::invalid_argument("values must be [len(rows), dim]");
+  for (int64_t i = 0; i < n; ++i)
+    if (rows.data()[i] < 0 || rows.data()[i] >= store.in_use())
+      throw std::out_of_range("row " + std::to_string(rows.data()[i]) + " is not in use");
+  py::gil_scoped_release nogil;
+  store.write_rows(c, rows.data(), n, values.data());
 }
 
 // One batch through the exchange. Returns None when some rank is out of data, else per feature
@@ -100,8 +133,56 @@ PYBIND11_MODULE(core, m) {
   m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, world); }, py::arg("key"),
         py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
 
+  py::class_<RowStore, std::shared_ptr<RowStore>>(m, "RowStore")
+      .def(py::init([](const std::string& name, int64_t dim, int64_t rows, int64_t memory_limit, int kind, double a,
+                       double b, uint64_t seed, double scale) {
+             shardrec::RowInit init;
+             init.kind = kind;
+             init.a = a;
+             init.b = b;
+             init.seed = seed;
+             init.scale = scale;
+             return shared_store(new RowStore(name, dim, rows, memory_limit, init));
+           }),
+           py::arg("name"), py::arg("dim"), py::arg("rows"), py::arg("memory_limit"), py::arg("init_kind"),
+           py::arg("init_a"), py::arg("init_b"), py::arg("seed"), py::arg("scale"),
+           "A shard's rows: `rows` reserved (the sentinel included), in use a chunk at a time; init_kind 0 "
+           "constant a, 1 uniform [a, b), 2 normal (mean a, stddev b), 3 truncated normal; values times scale.")
+      .def_property_readonly("address", [](RowStore& s) { return reinterpret_cast<uintptr_t>(&s); })
+      .def_property_readonly("dim", &RowStore::dim)
+      .def_property_readonly("rows", &RowStore::rows)
+      .def_property_readonly("in_use", &RowStore::in_use)
+      .def_property_readonly("n_columns", &RowStore::n_columns)
+      .def_property_readonly("chunk_rows", [](const RowStore&) { return RowStore::kChunkRows; })
+      .def("add_column", &RowStore::add_column, py::arg("init"), "A slot column; returns its number.")
+      .def(
+          "ensure_rows",
+          [](RowStore& s, int64_t n) {
+            py::gil_scoped_release nogil;
+            s.ensure_rows(n);
+          },
+          py::arg("n"))
+      .def("bytes", [](const RowStore& s) {
+        const auto b = s.bytes();
+        py::dict d;
+        d["values"] = b.values;
+        d["slots"] = b.slots;
+        d["metadata"] = b.metadata;
+        return d;
+      })
+      .def("read_rows", &read_rows, py::arg("column"), py::arg("rows"))
+      .def("write_rows", &write_rows, py::arg("column"), py::arg("rows"), py::arg("values"));
+
   py::class_<EmbeddingIndex>(m, "EmbeddingIndex")
-      .def(py::init<std::string, int64_t>(), py::arg("name"), py::arg("capacity"))
+      .def(py::init([](std::string name, int64_t capacity, std::shared_ptr<RowStore> store, int64_t expected,
+                       bool expands) {
+             // An index alone (no table): rows of one float, which nothing reads.
+             if (!store) store = shared_store(new RowStore(name, 1, capacity + 1, 0, shardrec::RowInit{}));
+             return new EmbeddingIndex(std::move(name), capacity, store.get(), expected < 0 ? capacity : expected,
+                                       expands);
+           }),
+           py::arg("name"), py::arg("capacity"), py::arg("store") = nullptr, py::arg("expected") = -1,
+           py::arg("expands") = false)
       .def_property_readonly("name", &EmbeddingIndex::name)
       .def_property_readonly("capacity", &EmbeddingIndex::capacity)
       .def_property_readonly("sentinel", &EmbeddingIndex::sentinel)

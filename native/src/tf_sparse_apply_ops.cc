@@ -9,7 +9,8 @@
 // the next batch (which takes the same mutex, shared) never sees a half-written row.
 //
 // Copy on write, as TensorFlow's kernels do: when a variable's buffer is shared (a read of it is
-// still alive), it is copied before the update so the earlier read keeps its values.
+// still alive), it is copied before the update so the earlier read keeps its values. Not for a
+// table bound to its native row store: its rows are updated in place, always (tf_row_store.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_op_common.h"
+#include "tf_row_store.h"
 
 namespace shardrec {
 namespace {
@@ -63,7 +65,7 @@ class LockedVariables {
                                        "variables' initializer (or restore a checkpoint) first"));
         return;
       }
-      if (!t->RefCountIsOne()) {
+      if (!t->RefCountIsOne() && !IsStoreColumn(*t)) {
         Tensor copy;
         Status a = ctx->allocate_temp(t->dtype(), t->shape(), &copy);
         if (!a.ok()) {

@@ -8,6 +8,13 @@ from .base import SparseOptimizerMixin, check_learning_rate
 
 
 class SparseFtrl(SparseOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
+    def _create_slots(self, var_list):
+        # TensorFlow's accumulator initializer is a function; a table's slot starts at a constant.
+        for v in var_list:
+            self._get_or_make_slot_with_initializer(v, tf.compat.v1.constant_initializer(self._initial_accumulator_value),
+                                                    v.shape, v.dtype, "accum", self._accum_name or self._name)
+            self._zeros_slot(v, "linear", self._linear_name or self._name)
+
     def _resource_apply_sparse(self, grad, var, indices):
         dtype = var.dtype.base_dtype
         return native_ops.load().shardrec_sparse_apply_ftrl(
