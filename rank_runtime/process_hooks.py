@@ -12,6 +12,13 @@ from .logs import get_logger
 log = get_logger("shardrec.process")
 
 _applied = set()
+# The statuses sys.exit was called with (end_job_on_failure): what tells a failing exit.
+_exit_status = []
+
+
+def exit_failed():
+    """Whether this process is exiting through sys.exit with a failure status."""
+    return bool(_exit_status) and _exit_status[-1] not in (None, 0)
 
 
 def patch_tensorflow():
@@ -86,7 +93,6 @@ def end_job_on_failure(comm):
     rank, size = comm.Get_rank(), comm.Get_size()
     previous_hook = sys.excepthook
     previous_exit = sys.exit
-    exit_status = []
 
     def excepthook(exc_type, exc, tb):
         text = "".join(traceback.format_exception(exc_type, exc, tb))
@@ -97,14 +103,14 @@ def end_job_on_failure(comm):
         comm.Abort(1)
 
     def exit(status=None):  # noqa: A001 - it is sys.exit
-        exit_status.append(status)
+        _exit_status.append(status)
         previous_exit(status)
 
     def at_exit():
         # SystemExit reaches no excepthook: sys.exit's status is what tells a failure.
-        if not exit_status or exit_status[-1] in (None, 0):
+        if not exit_failed():
             return
-        status = exit_status[-1]
+        status = _exit_status[-1]
         code = status if isinstance(status, int) else 1
         sys.stderr.write(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job "
                          f"(MPI_Abort, status {code})\n")

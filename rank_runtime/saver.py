@@ -355,6 +355,11 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
                 arrays.setdefault(name, []).append(rows[mine])
         keys = _joined(keys)
         arrays = {name: _joined(parts) for name, parts in arrays.items()}
+        store = table.store
+        if table.expands and len(keys) * store.bytes_per_row > store.memory_limit:
+            raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
+                                  f"{cfg.rank}: {len(keys) * store.bytes_per_row} bytes of rows, over its memory limit "
+                                  f"of {store.memory_limit} bytes; raise {MEMORY_LIMIT_ENV}")
         if len(keys) > table.max_rows():
             raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
                                   f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "

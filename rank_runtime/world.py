@@ -7,6 +7,7 @@ MPI starts here, in init(), and not when a module is imported (importing mpi4py.
 native module that links it, starts MPI). From that moment an uncaught error or a non-zero exit
 on any rank ends the whole job at once, naming the rank and its status (process_hooks.py).
 """
+import atexit
 import os
 import time
 
@@ -65,6 +66,8 @@ class World:
         self._comms = {name: comm.Dup() for name in CHANNELS}
         self.exchanges = {name: native_core.KeyExchange(self._comms[name], name, name == "train", timeout)
                           for name in CHANNELS}
+        # Runs before end_job_on_failure's exit hook (registered earlier; atexit runs last first).
+        atexit.register(self._leave_channels)
         self._helper = comm.Dup()
         self._helper_broken = None
         self._mpi = MPI
@@ -96,6 +99,14 @@ class World:
             self._wait(lambda: made.append(self._world_comm.Idup()) or made[0][1], f"{what} ({name})", 60.0)
             self._row_comms[name] = made[0][0]
             native_ops.register_comm(name, made[0][0].py2f())
+
+    def _leave_channels(self):
+        """At a clean exit: a peer still waiting in a key exchange round for this rank (its prefetch
+        had started one batch more when the sessions closed) sees this rank out of data and ends
+        its data, instead of waiting for the exchange timeout."""
+        if not process_hooks.exit_failed():
+            for exchange in self.exchanges.values():
+                exchange.leave()
 
     def restart_channels(self):
         """A channel stopped by an error runs again under a new configuration (every rank calls

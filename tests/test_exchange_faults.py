@@ -106,3 +106,11 @@ def test_a_step_on_one_rank_only_ends_naming_the_rank_missing_from_the_row_excha
     assert "DeadlineExceededError" in proc.stderr
     assert re.search(r"row exchange 't/ids/train#0' \(rank 0 of 2\), row counts: rank\(s\) 1 did "
                      r"not arrive within 5 s \(SHARDREC_EXCHANGE_TIMEOUT_S\)", proc.stderr), proc.stderr[-3000:]
+
+
+def test_ranks_that_stop_before_their_data_ends_exit_without_waiting_for_each_other():
+    started = time.monotonic()
+    proc = check(mpiexec(2, JOB, "stop_early", timeout=300, env={"SHARDREC_EXCHANGE_TIMEOUT_S": "200"}))
+    assert results(proc) == {"0": "closed", "1": "closed"}
+    # Without rank 1 telling its peers at exit, rank 0 closed its session only after the timeout.
+    assert time.monotonic() - started < 100, proc.stderr[-3000:]

@@ -243,3 +243,20 @@ def test_a_bind_of_a_store_not_in_this_process_is_an_error(graph):
     with tf.compat.v1.Session() as sess:
         with pytest.raises(tf.errors.FailedPreconditionError, match="row store is not in this process"):
             sess.run(bind)
+
+
+def test_a_restore_over_the_memory_limit_is_refused_before_anything_is_loaded(tmp_path, monkeypatch):
+    from mx_rec.optimizers.lazy_adam import create_hash_optimizer
+
+    saved, _, _ = _save_and_restore(tmp_path, True, True)
+    path = str(tmp_path / "model-10")
+    monkeypatch.setenv("SHARDREC_TABLE_MEMORY_LIMIT", "64K")
+    with tf.Graph().as_default():
+        table, *_ = _train_one_rank(True, lambda: create_hash_optimizer(0.05), _data(), tf.compat.v1.zeros_initializer())
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(Exception, match=rf"table 'emb' has {len(saved['keys'])} keys for rank 0: \d+ bytes of "
+                                                r"rows, over its memory limit of 65536 bytes; raise "
+                                                r"SHARDREC_TABLE_MEMORY_LIMIT"):
+                tf.compat.v1.train.Saver().restore(sess, path)
+            assert table.size() == 0, "nothing was loaded"
+        config.terminate_config_initializer()

@@ -79,6 +79,17 @@ class ChannelComm {
     }
   }
 
+  // This rank's `n` words to every peer, for their next status round, without waiting: the words
+  // must stay alive (the caller keeps them) and the requests are released at once.
+  void post_status(const int64_t* words, int n) {
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request req;
+      MPI_Isend(words, n, MPI_INT64_T, r, kStatusTag, comm_, &req);
+      MPI_Request_free(&req);
+    }
+  }
+
   void alltoall(const int32_t* send, int32_t* recv, int n, const std::string& what) {
     check_usable();
     MPI_Request req;

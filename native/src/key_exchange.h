@@ -12,6 +12,7 @@
 // ranks never drift out of step.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -78,6 +79,16 @@ class KeyExchange {
   void restart() {
     if (comm_.broken().empty()) stopped_.clear();
   }
+  // At exit: tells every peer's pending (or next) status round on this channel that this rank has
+  // no more data. A peer whose prefetch had started one batch more than this rank when the
+  // sessions closed would otherwise wait for this rank until the timeout; it ends its data instead.
+  void leave() {
+    if (left_ || comm_.world() == 1) return;
+    left_ = true;
+    leave_status_ = {0, kLeft, -1, 0, 0, -1, 0};
+    comm_.post_status(leave_status_.data(), kWords);
+  }
+
   // The ranks whose data ended, after run() returned false.
   const std::vector<int>& ranks_out_of_data() const { return ranks_out_of_data_; }
 
@@ -99,6 +110,8 @@ class KeyExchange {
 
  private:
   enum Word { kHasData, kSignature, kOverflowFeature, kOverflowCount, kOverflowOwner, kBadFeature, kBadKey, kWords };
+  // The signature of a rank that left (leave()): out of data, whatever features the round is for.
+  static constexpr int64_t kLeft = INT64_MIN;
 
   bool run_checked(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data,
                    std::vector<FeatureRouting>& out) {
@@ -128,7 +141,8 @@ class KeyExchange {
     std::vector<int64_t> all(static_cast<size_t>(kWords) * world);
     comm_.gather_status(status, kWords, all.data(), "status round");
     for (int r = 0; r < world; ++r) {
-      if (all[r * kWords + kSignature] != fs.signature) throw_feature_mismatch(fs);
+      const int64_t signature = all[r * kWords + kSignature];
+      if (signature != fs.signature && signature != kLeft) throw_feature_mismatch(fs);
     }
     ranks_out_of_data_.clear();
     for (int r = 0; r < world; ++r)
@@ -305,6 +319,8 @@ class KeyExchange {
   }
 
   ChannelComm comm_;
+  bool left_ = false;
+  std::array<int64_t, kWords> leave_status_{};
   bool allocate_;
   KeyRouter router_;
   BatchDedup owner_dedup_;

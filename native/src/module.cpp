@@ -154,6 +154,9 @@ PYBIND11_MODULE(core, m) {
       .def_property_readonly("in_use", &RowStore::in_use)
       .def_property_readonly("n_columns", &RowStore::n_columns)
       .def_property_readonly("chunk_rows", [](const RowStore&) { return RowStore::kChunkRows; })
+      .def_property_readonly("bytes_per_row", &RowStore::bytes_per_row,
+                             "Bytes of one row in use: values, every slot column, metadata.")
+      .def_property_readonly("memory_limit", &RowStore::memory_limit, "Bytes of rows in use at most (0: none).")
       .def("add_column", &RowStore::add_column, py::arg("init"), "A slot column; returns its number.")
       .def(
           "ensure_rows",
@@ -265,6 +268,13 @@ PYBIND11_MODULE(core, m) {
             if (!(s > 0)) throw std::invalid_argument("timeout_s must be > 0");
             ex.comm().set_timeout(s);
           })
+      .def(
+          "leave",
+          [](KeyExchange& ex) {
+            py::gil_scoped_release nogil;
+            ex.leave();
+          },
+          "At exit: every peer's pending or next round on this channel sees this rank out of data.")
       .def("restart", &KeyExchange::restart,
            "Runs again after an error, unless a round timed out (init() calls it on every rank).")
       .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"))

@@ -69,7 +69,12 @@ class RowStore {
   }
 
   ~RowStore() {
-    for (int c = 0; c < n_columns_; ++c) munmap(columns_[c], reserved_rows_ * dim_ * sizeof(float));
+    for (int c = 0; c < n_columns_; ++c) {
+      if (c == 0 && release_values_ != nullptr)
+        release_values_(values_owner_);
+      else
+        munmap(columns_[c], reserved_rows_ * dim_ * sizeof(float));
+    }
     munmap(counts_, reserved_rows_ * sizeof(uint32_t));
     munmap(last_seen_, reserved_rows_ * sizeof(int64_t));
   }
@@ -164,14 +169,22 @@ class RowStore {
     last_seen_[r] = 0;
   }
 
-  // Rows [0, rows) of values from `src` (a fixed-size table initialised by TensorFlow's own
-  // initializer, so that its values are exactly TensorFlow's); the last row, the sentinel, is zeroed.
-  void copy_values(const float* src, int64_t rows) {
-    ensure_rows(rows);
-    parallel(rows, [&](int64_t b, int64_t e) {
-      std::memcpy(columns_[0] + b * dim_, src + b * dim_, (e - b) * dim_ * sizeof(float));
-    });
-    std::memset(columns_[0] + (rows - 1) * dim_, 0, dim_ * sizeof(float));
+  // A table of fixed size takes TensorFlow's initial values as they are: the values column becomes
+  // `values` (all rows() rows, owned by the caller until release(owner) is called), so that neither
+  // a copy nor TensorFlow's freed initializer output (which its allocator keeps) costs memory. Every
+  // row is in use from here on; the last row, the sentinel, is zeroed.
+  using Release = void (*)(void*);
+  void adopt_values(float* values, Release release, void* owner) {
+    ensure_rows(rows_);
+    std::lock_guard<std::mutex> g(mu_);
+    if (release_values_ != nullptr)
+      release_values_(values_owner_);
+    else
+      munmap(columns_[0], reserved_rows_ * dim_ * sizeof(float));
+    columns_[0] = values;
+    release_values_ = release;
+    values_owner_ = owner;
+    std::memset(values + (rows_ - 1) * dim_, 0, dim_ * sizeof(float));
   }
 
   // out[i] = column[rows[i]]; in[i] -> column[rows[i]]: parallel over rows.
@@ -218,6 +231,8 @@ class RowStore {
   // A chunk's values depend on the seed and the chunk's place alone, so a shard that grows draws
   // the same rows whatever order its chunks come into use in.
   void draw_values(int64_t begin, int64_t end) {
+    end = std::min(end, rows_);  // an adopted values column holds rows() rows, no more
+    if (begin >= end) return;
     std::mt19937_64 gen(mix(init_.seed, static_cast<uint64_t>(begin / kChunkRows)));
     draw(gen, columns_[0] + begin * dim_, (end - begin) * dim_);
   }
@@ -285,6 +300,8 @@ class RowStore {
   std::atomic<int64_t> in_use_{0};
   std::atomic<int> refs_{1};
   uint64_t reuse_epoch_ = 0;
+  Release release_values_ = nullptr;
+  void* values_owner_ = nullptr;
   mutable std::mutex mu_;
 };
 

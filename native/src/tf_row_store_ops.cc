@@ -4,6 +4,7 @@
 // (shardrec_store_register, through ctypes); the bind op, the variable's initializer, finds it by
 // that address and makes a column of the store the variable's tensor. A graph whose address is not
 // registered in this process (a graph imported from elsewhere) gets an error, never a wild pointer.
+#include <cstring>
 #include <mutex>
 #include <unordered_set>
 
@@ -64,8 +65,8 @@ using tensorflow::errors::FailedPrecondition;
 using tensorflow::errors::InvalidArgument;
 
 // The variable's initializer: makes `column` of the store its tensor. Column 0 with `initial` rows
-// (a table of fixed size) takes TensorFlow's initial values; otherwise the rows in use are drawn
-// again (values) or refilled (slots), as an initializer that runs again would.
+// (a table of fixed size) takes TensorFlow's initial values, adopting their buffer; otherwise the
+// rows in use are drawn again (values) or refilled (slots), as an initializer that runs again would.
 class StoreBindOp : public OpKernel {
  public:
   explicit StoreBindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -90,9 +91,26 @@ class StoreBindOp : public OpKernel {
       OP_REQUIRES(ctx, initial.dims() == 2 && initial.dim_size(0) == rows && initial.dim_size(1) == dim,
                   InvalidArgument("initial values of shape ", initial.shape().DebugString(), " for a table of ", rows,
                                   " rows of ", dim));
+      // The store keeps a reference on TensorFlow's buffer for as long as it uses it. A buffer that
+      // something else still holds (a constant folded by TensorFlow) is copied first: the table's
+      // rows are written in place.
+      const bool alone = initial.RefCountIsOne();
+      auto* owner = new Tensor(initial);
+      if (!alone) {
+        Tensor copy;
+        tensorflow::Status a = ctx->allocate_temp(tensorflow::DT_FLOAT, initial.shape(), &copy);
+        if (!a.ok()) {
+          delete owner;
+          ctx->SetStatus(a);
+          return;
+        }
+        std::memcpy(copy.flat<float>().data(), initial.flat<float>().data(), initial.TotalBytes());
+        *owner = copy;
+      }
       try {
-        store->copy_values(initial.flat<float>().data(), rows);
+        store->adopt_values(owner->flat<float>().data(), [](void* t) { delete static_cast<Tensor*>(t); }, owner);
       } catch (const std::exception& e) {
+        delete owner;
         ctx->SetStatus(tensorflow::errors::ResourceExhausted(e.what()));
         return;
       }

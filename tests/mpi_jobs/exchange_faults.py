@@ -10,6 +10,7 @@
     step_one_rank    both ranks' pipelines run, but only rank 0 runs a training step (short timeout)
     raise_before_init  rank 1 raises after importing mx_rec, before init()
     empty_rank       rank 1's dataset is empty
+    stop_early       both ranks run 3 of 40 steps and exit; rank 0's prefetch runs on for 3 s first
 Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
 """
 import sys
@@ -186,6 +187,25 @@ def empty_rank():
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         run_catching(sess, iterator, loss, rank)
+
+
+def stop_early():
+    """A script that stops before its data ends (max_steps): rank 1 closes its session at once, rank
+    0's prefetch goes on exchanging batches for 3 s first, so its pipeline waits in a round that
+    rank 1 never joins; rank 1's clean exit must end that round."""
+    init()
+    rank = get_rank_id()
+    ids = np.arange(640).reshape(320, 2)
+    iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8, prefetch=8)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(iterator.initializer)
+        for _ in range(3):
+            sess.run(loss)
+        if rank == 0:
+            time.sleep(3)
+    say(f"RESULT rank={rank} closed")
 
 
 if __name__ == "__main__":
