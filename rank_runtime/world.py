@@ -66,7 +66,7 @@ class World:
         self._comms = {name: comm.Dup() for name in CHANNELS}
         self.exchanges = {name: native_core.KeyExchange(self._comms[name], name, name == "train", timeout)
                           for name in CHANNELS}
-        # Runs before end_job_on_failure's exit hook (registered earlier; atexit runs last first).
+        # atexit runs the last registered first: this runs before end_job_on_failure's hook.
         atexit.register(self._leave_channels)
         self._helper = comm.Dup()
         self._helper_broken = None
