@@ -11,6 +11,7 @@ one machine"). Needs root, `ip` (iproute2) and `unshare` (util-linux).
 """
 import os
 import shutil
+import signal
 import subprocess
 
 AGENT = """#!/bin/sh
@@ -86,6 +87,14 @@ class NetnsHosts:
         _ip("-n", self.names[index], "link", "set", f"{self.names[index]}-v", "up")
 
     def close(self):
+        """Kills what still runs inside the namespaces (a host whose link was cut keeps its Open MPI
+        daemon: it never hears that the job ended), then deletes them."""
         for name in reversed(self.created):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.created = []
