@@ -95,10 +95,10 @@ class World:
         for name in names:
             if name in self._row_comms:
                 continue
-            made = []
-            self._wait(lambda: made.append(self._world_comm.Idup()) or made[0][1], f"{what} ({name})", 60.0)
-            self._row_comms[name] = made[0][0]
-            native_ops.register_comm(name, made[0][0].py2f())
+            comm, request = self._world_comm.Idup()
+            self._wait(lambda: request, f"{what} ({name})", 60.0)
+            self._row_comms[name] = comm
+            native_ops.register_comm(name, comm.py2f())
 
     def _leave_channels(self):
         """At a clean exit: a peer still waiting in a key exchange round for this rank (its prefetch

@@ -114,3 +114,13 @@ def test_ranks_that_stop_before_their_data_ends_exit_without_waiting_for_each_ot
     assert results(proc) == {"0": "closed", "1": "closed"}
     # Without rank 1 telling its peers at exit, rank 0 closed its session only after the timeout.
     assert time.monotonic() - started < 100, proc.stderr[-3000:]
+
+
+def test_ranks_that_built_different_lookups_stop_at_the_pipeline_start_naming_the_difference():
+    proc = mpiexec(2, JOB, "extra_lookup", timeout=120)
+    assert proc.returncode != 0
+    errors = re.findall(r"ERROR rank=(\d): (.*)", proc.stdout)
+    assert errors, proc.stderr[-3000:]
+    for _, message in errors:
+        assert re.search(r"the ranks built different lookups \(first difference: 't/ids/train#1( gradients)?'\); "
+                         r"every rank must build the same sparse_lookup calls", message), message

@@ -12,7 +12,6 @@
 // ranks never drift out of step.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -85,8 +84,9 @@ class KeyExchange {
   void leave() {
     if (left_ || comm_.world() == 1) return;
     left_ = true;
-    leave_status_ = {0, kLeft, -1, 0, 0, -1, 0};
-    comm_.post_status(leave_status_.data(), kWords);
+    // Static: the sends may still be in flight when this object is gone (they complete in MPI_Finalize).
+    static const int64_t kLeaveStatus[kWords] = {0, kLeft, -1, 0, 0, -1, 0};
+    comm_.post_status(kLeaveStatus, kWords);
   }
 
   // The ranks whose data ended, after run() returned false.
@@ -320,7 +320,6 @@ class KeyExchange {
 
   ChannelComm comm_;
   bool left_ = false;
-  std::array<int64_t, kWords> leave_status_{};
   bool allocate_;
   KeyRouter router_;
   BatchDedup owner_dedup_;

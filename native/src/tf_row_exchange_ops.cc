@@ -88,17 +88,13 @@ class RowAlltoallOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (!comm_) {
-      std::lock_guard<std::mutex> g(comms_mu);
-      auto it = comms().find(exchange_);
-      OP_REQUIRES_ASYNC(ctx, it != comms().end(),
-                        tensorflow::errors::FailedPrecondition(
-                            "row exchange '", exchange_, "' has no communicator in this process: start the key "
-                            "pipeline (start_asc_pipeline() or modify_graph_and_start_emb_cache()) before running the "
-                            "graph, in the process that built it"),
-                        done);
-      comm_ = std::make_unique<ChannelComm>(MPI_Comm_f2c(static_cast<MPI_Fint>(it->second)), exchange_, timeout_s_,
-                                            "row exchange");
+    if (!ensure_comm()) {
+      ctx->SetStatus(tensorflow::errors::FailedPrecondition(
+          "row exchange '", exchange_, "' has no communicator in this process: start the key pipeline "
+          "(start_asc_pipeline() or modify_graph_and_start_emb_cache()) before running the graph, in the process "
+          "that built it"));
+      done();
+      return;
     }
     const Tensor& rows = ctx->input(0);
     const Tensor& splits = ctx->input(1);
@@ -125,6 +121,17 @@ class RowAlltoallOp : public AsyncOpKernel {
   }
 
  private:
+  // The communicator registered under this kernel's exchange name, found once (false: none yet).
+  bool ensure_comm() {
+    std::lock_guard<std::mutex> g(comms_mu);
+    if (comm_) return true;
+    auto it = comms().find(exchange_);
+    if (it == comms().end()) return false;
+    comm_ = std::make_unique<ChannelComm>(MPI_Comm_f2c(static_cast<MPI_Fint>(it->second)), exchange_, timeout_s_,
+                                          "row exchange");
+    return true;
+  }
+
   void exchange(OpKernelContext* ctx) {
     const Tensor& rows = ctx->input(0);
     auto s = ctx->input(1).flat<int32_t>();

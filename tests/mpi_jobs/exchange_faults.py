@@ -11,6 +11,7 @@
     raise_before_init  rank 1 raises after importing mx_rec, before init()
     empty_rank       rank 1's dataset is empty
     stop_early       both ranks run 3 of 40 steps and exit; rank 0's prefetch runs on for 3 s first
+    extra_lookup     rank 1 looks its feature up twice, rank 0 once
 Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
 """
 import sys
@@ -206,6 +207,23 @@ def stop_early():
         if rank == 0:
             time.sleep(3)
     say(f"RESULT rank={rank} closed")
+
+
+def extra_lookup():
+    """The ranks build different lookups: both must stop at start_asc_pipeline, naming the difference."""
+    init()
+    rank = get_rank_id()
+    spec = FeatureSpec("ids", table_name="t")
+    dataset = tf.data.Dataset.from_tensor_slices({"ids": np.arange(64).reshape(32, 2)}).batch(8)
+    element = tf.compat.v1.data.make_one_shot_iterator(dataset.map(get_asc_insert_func([spec]))).get_next()
+    table = create_table(tf.int64, 4, "t", tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=100)
+    for _ in range(1 + rank):
+        sparse_lookup(table, spec, batch=element)
+    try:
+        start_asc_pipeline()
+    except ValueError as e:
+        say(f"ERROR rank={rank}: {e}")
+        sys.exit(3)
 
 
 if __name__ == "__main__":
