@@ -165,14 +165,19 @@ def tfra_horovod(dataset, dim, optimizer, capacity):
     return de.DynamicEmbeddingOptimizer(base).minimize(_loss(emb)), lambda sess: None
 
 
-def shardrec(dataset, dim, optimizer, capacity):
-    """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer."""
+def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100):
+    """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer. faae: feature
+    admission (access_threshold 2) and eviction (keys unseen for 20 steps, every `evict_every`
+    steps by EvictHook; 0: admission alone), the timestamps being the step numbers."""
+    from mx_rec.core.feature_process import EvictHook
     from mx_rec.optimizers import gradient_descent, lazy_adam
     from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                               sparse_lookup, start_asc_pipeline)
 
-    spec = FeatureSpec("ids", table_name="emb")
-    dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(4)
+    thresholds = {"access_threshold": 2, "eviction_threshold": 20} if faae else {}
+    spec = FeatureSpec("ids", table_name="emb", **thresholds)
+    specs = [spec, FeatureSpec("ts", is_timestamp=True)] if faae else [spec]
+    dataset = dataset.map(get_asc_insert_func(specs, is_training=True)).prefetch(4)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     table = create_table(tf.int64, dim, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
                          device_vocabulary_size=capacity)
@@ -181,7 +186,26 @@ def shardrec(dataset, dim, optimizer, capacity):
     opt = (gradient_descent.create_hash_optimizer(LR) if optimizer == "sgd"
            else lazy_adam.create_hash_optimizer(LR))
     op = opt.apply_gradients(zip(tf.gradients(_loss(emb), sparse), sparse))
-    return op, lambda sess: start_asc_pipeline()
+    if not faae:
+        return op, lambda sess: start_asc_pipeline()
+    step = tf.compat.v1.train.get_or_create_global_step()
+    op = tf.group(op, step.assign_add(1))
+    hook = EvictHook(evict_enable=evict_every > 0, evict_step_interval=evict_every or None, evict_time_interval=None)
+    hook.begin()
+
+    def setup(sess):
+        """Starts the pipeline and the hook; returns the step, which reports each global step to the
+        hook as MonitoredSession would (so that evicted rows are freed)."""
+        start_asc_pipeline()
+        hook.after_create_session(sess, None)
+
+        def run():
+            _, global_step = sess.run([op, step])
+            hook.after_run(None, tf.compat.v1.train.SessionRunValues(global_step, None, None))
+
+        return run
+
+    return op, setup
 
 
 PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped,

@@ -126,6 +126,31 @@ def sparse_step(short, repeats):
     return rows
 
 
+def admission(short, repeats):
+    """The sparse step with feature admission (access_threshold 2) and eviction every 100 steps
+    (keys unseen for 20 steps; the timestamps are the step numbers, the 40 batches cycle, so each
+    round evicts the keys of the batches not seen lately, which come back and are admitted again),
+    against the same step with neither; and with admission alone. 200 timed steps (4 windows of 50)
+    so that the timed steps hold two evictions."""
+    size = ["--distinct", "1000000", "--steps", "200", "--warmup", "5"] if short else ["--steps", "200", "--warmup", "5"]
+    variants = {"neither": [], "admission 2, eviction every 100 steps": ["--faae"],
+                "admission 2 alone": ["--faae", "--evict-every", "0"]}
+    samples, counters = {}, {}
+    for _ in range(repeats):
+        for name, flags in variants.items():
+            log(f"sparse step: shardrec dim 16 lazy_adam, {name}")
+            out = json_line(run([sys.executable, "bench/sparse_step.py", "--peer", "shardrec", "--dim", "16",
+                                 "--optimizer", "lazy_adam"] + size + flags))
+            samples.setdefault(name, []).append(out["ids_per_s"])
+            counters[name] = out.get("table_counters")
+    base = statistics.median(samples["neither"])
+    return [{"workload": "sparse_step_admission", "dim": 16, "optimizer": "lazy_adam", "ranks": 1,
+             "peer": "shardrec, neither", "unit": "ids/s", "shardrec": statistics.median(samples[name]),
+             "peer_value": base, "table": counters[name],
+             "note": f"{name}; table at the end: " + ", ".join(f"{k} {v}" for k, v in counters[name].items())}
+            for name in variants if name != "neither"]
+
+
 def end_to_end(short, repeats):
     rows = []
     steps, traced = ("150", "10") if short else ("500", "30")
@@ -283,7 +308,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
+    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
         exchange_only(args.short) + \
         memory(args.short) + checkpoint(args.short)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),

@@ -1,6 +1,6 @@
 """Sparse step throughput: ids/s of lookup + forward + backward + update, one peer per process.
 
-    python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40]
+    python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40] [--faae]
     mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
 
 Prints one JSON line: {"peer", "dim", "optimizer", "ranks", "ids_per_s" (median of windows), ...}.
@@ -31,6 +31,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--windows", type=int, default=4)
+    p.add_argument("--faae", action="store_true",
+                   help="shardrec: admission (threshold 2) and eviction (peers.shardrec)")
+    p.add_argument("--evict-every", type=int, default=100, help="with --faae: steps between evictions (0: none)")
     p.add_argument("--trace-steps", type=int, default=0,
                    help="shardrec: traced steps after the timed ones, for the row all-to-all's share of a step")
     args = p.parse_args(argv)
@@ -51,20 +54,23 @@ def main(argv=None):
     dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
-    op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity)
+    if args.faae and args.peer != "shardrec":
+        p.error("--faae is shardrec's")
+    op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity,
+                                       **({"faae": True, "evict_every": args.evict_every} if args.faae else {}))
     shares = {}
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        setup(sess)
+        step = setup(sess) or (lambda: sess.run(op))
         for _ in range(args.warmup):
-            sess.run(op)
+            step()
         per_window = max(1, args.steps // args.windows)
         rates = []
         exchange_before, timed_start = _exchange_counters(args.peer), time.perf_counter()
         for _ in range(args.windows):
             start = time.perf_counter()
             for _ in range(per_window):
-                sess.run(op)
+                step()
             rates.append(per_window * args.batch * args.fields * size / (time.perf_counter() - start))
         if args.peer == "shardrec":
             # The key exchange runs in the dataset's thread, ahead of the steps (prefetch): its share
@@ -83,6 +89,11 @@ def main(argv=None):
                 traced.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
             shares["row_exchange_share"] = float(np.median(traced))
     if rank == 0:
+        if args.faae:
+            from shardrec.rank_runtime import config
+
+            shares["table_counters"] = {k: v for k, v in config.get_table("emb").counters().items()
+                                        if k in ("admitted", "rejected", "evicted", "reused", "size", "pending")}
         print(json.dumps({"peer": args.peer, "dim": args.dim, "optimizer": args.optimizer, "ranks": size,
                           "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen, **shares}),
               flush=True)

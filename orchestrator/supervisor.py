@@ -492,6 +492,13 @@ class Supervisor:
         for beat in last.beats.values():
             totals.update(beat.get("tables") or {})
         summary["tables"] = dict(totals)  # keys held by all ranks together, per table
+        admission = {}
+        for beat in last.beats.values():
+            for table, counters in (beat.get("admission") or {}).items():
+                admission.setdefault(table, collections.Counter()).update(counters)
+        if admission:
+            # Admission and eviction counters summed over the ranks, per table.
+            summary["admission"] = {table: dict(c) for table, c in sorted(admission.items())}
         if self.spec.checkpoint_dir and os.path.isdir(self.spec.checkpoint_dir):
             found = checkpoints.find_checkpoints(self.spec.checkpoint_dir, verify=False)
             summary["checkpoints"] = [c.name for c in found if c.ok]
@@ -499,6 +506,8 @@ class Supervisor:
             json.dump(summary, f, indent=1)
         peak = ", ".join(f"rank {r}: {v['peak_rss'] / 2**20:.0f} MiB" for r, v in summary["ranks"].items())
         tables = ", ".join(f"{name} {size} keys" for name, size in sorted(summary["tables"].items()))
+        tables += "".join(f"; {name}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+                          for name, c in summary.get("admission", {}).items())
         log(f"{'done' if outcome.ok else 'failed'}: {summary['attempts']} attempt(s), {summary['restarts']} restart(s), "
             f"{summary['seconds']} s; peak memory {peak or 'n/a'}; tables {tables or 'n/a'}; summary in "
             f"{os.path.join(self.spec.run_dir, 'summary.json')}")

@@ -108,8 +108,12 @@ def _write(force=False, tick=False, **extra):
     if _state["tables"] and not tick:
         # Read on the thread that makes progress, never from the ticker while a batch grows a table.
         _state["sizes"] = {name: table.size() for name, table in _state["tables"].items()}
+        _state["admission"] = {name: table.admission_counters() for name, table in _state["tables"].items()
+                               if table.thresholds is not None and table.thresholds.counts}
     if _state.get("sizes"):
         beat["tables"] = _state["sizes"]
+    if _state.get("admission"):
+        beat["admission"] = _state["admission"]
     try:
         import psutil
 

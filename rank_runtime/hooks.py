@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from . import config
+from .admission.steps import follow_global_step
 from .graph_modifier import modify_graph_and_start_emb_cache
 from .key_pipeline import start_asc_pipeline
 from .validation import check_bool
@@ -29,3 +30,4 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         if self._initializers:
             session.run(self._initializers)
+        follow_global_step(session, config.get_config().graph_state(session.graph).tables.values())

@@ -19,6 +19,10 @@ marker tells the others inside the same exchange round, and every rank's dataset
 batch. The map runs sequentially (no num_parallel_calls): rows are allocated in batch order and
 the collectives of all ranks match.
 
+Admission and eviction (admission/): a training insert function may carry one is_timestamp
+FeatureSpec; its values (int64 seconds, one per sample) go into the exchange with the ids, and the
+owner of each key counts its occurrences and keeps its newest timestamp.
+
 After an exchange error (an overflowing send_count, a full table, an id outside its key dtype,
 features that differ, a rank that did not arrive in time) the channel stops on every rank: each
 later batch of that channel raises the same error, on every rank, without a collective. A
@@ -31,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import config, heartbeat
+from .admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from .logs import get_logger, warn_once
 from .routing import FeatureRouting
@@ -47,14 +52,16 @@ def channel_of(is_training):
 class _BatchKeyProcessor:
     """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
 
-    def __init__(self, specs, channel, graph):
+    def __init__(self, specs, channel, graph, timestamp):
         self.specs = specs  # sorted by name: the order every rank uses
         self.channel = channel
+        self.timestamp = timestamp  # the is_timestamp FeatureSpec whose values come last, or None
         # The graph the dataset was built in: the tables are looked up there when the first batch
         # runs (seed 001 builds the dataset before it creates the tables).
         self.graph = weakref.ref(graph)
         self.batches = 0
         self._features = None
+        self._evicting = []
 
     def _feature_set(self, cfg, graph):
         if self._features is None:
@@ -65,22 +72,35 @@ class _BatchKeyProcessor:
             send_counts = [0 if cfg.use_dynamic else state.send_counts.get((s.name, self.channel), 0)
                            for s in self.specs]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
-                     f"send_count {c or 'dynamic'})" for s, t, c in zip(self.specs, tables, send_counts)]
+                     f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()})"
+                     for s, t, c in zip(self.specs, tables, send_counts)]
+            if self.timestamp is not None:
+                lines.append(f"timestamps '{self.timestamp.name}'")
+            self._evicting = [t for t in tables if t.thresholds is not None and t.thresholds.evicts]
             if heartbeat.active():
                 heartbeat.watch_tables({t.table_name: t for t in tables})
             self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
-                                                        "\n".join(lines))
+                                                        "\n".join(lines),
+                                                        self.timestamp.name if self.timestamp is not None else "")
         return self._features
 
     def __call__(self, is_end, *key_arrays):
+        timestamps = None
+        if self.timestamp is not None:
+            *key_arrays, timestamps = key_arrays
+            timestamps = np.ascontiguousarray(timestamps, np.int64).reshape(-1)
         cfg = config.get_config()
         graph = self.graph()
         if graph is None or not cfg.graph_state(graph).pipeline_started:
             raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
         exchange = get_world().exchanges[self.channel]
-        result = exchange.run(self._feature_set(cfg, graph), list(key_arrays), not bool(is_end))
+        features = self._feature_set(cfg, graph)
+        evictions = exchange.counters()["evictions"] if self._evicting else 0
+        result = exchange.run(features, list(key_arrays), not bool(is_end), timestamps)
+        if self._evicting and exchange.counters()["evictions"] != evictions:
+            self._log_eviction(exchange)
         if result is None:
             ended = exchange.ranks_out_of_data
             if self.batches == 0:
@@ -99,6 +119,12 @@ class _BatchKeyProcessor:
         heartbeat.progress(**{f"{self.channel}_batches": self.batches})
         return [np.False_] + [a for outputs in result for a in outputs]
 
+    def _log_eviction(self, exchange):
+        step = exchange.counters()["last_eviction_step"]
+        log.info("eviction at step %d (before batch %d's keys): %s", step, step + 1, "; ".join(
+            f"table {t.table_name}: " + ", ".join(f"{k} {v}" for k, v in t.admission_counters().items())
+            for t in self._evicting))
+
 
 def _end_marker(element_spec):
     """One element shaped like the data (unknown dimensions as 0), flagged as the end."""
@@ -115,10 +141,12 @@ class InsertFunction:
     """What get_asc_insert_func returns; ``dataset.map`` recognises it (see the module doc)."""
 
     def __init__(self, specs, is_training):
-        self.specs = sorted(specs, key=lambda s: s.name)
+        stamps = [s for s in specs if s.is_timestamp]
+        self.specs = sorted((s for s in specs if not s.is_timestamp), key=lambda s: s.name)
         self.channel = channel_of(is_training)
+        self.timestamp = _timestamp_spec(self.specs, stamps, is_training)
         graph = tf.compat.v1.get_default_graph()
-        self._processor = _BatchKeyProcessor(self.specs, self.channel, graph)
+        self._processor = _BatchKeyProcessor(self.specs, self.channel, graph, self.timestamp)
         config.get_config().graph_state(graph).insert_functions.append(self)
 
     def __call__(self, batch):
@@ -136,12 +164,24 @@ class InsertFunction:
             if dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"get_asc_insert_func: feature {spec.name!r} has ids of dtype {dtype.name}; "
                                 "ids must be int32 or int64")
+        if self.timestamp is not None:
+            key = self.timestamp.index_key
+            if key not in element_spec:
+                raise KeyError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} reads dataset key "
+                               f"{key!r}, which the dataset does not have; it has: {sorted(map(str, element_spec))}")
+            spec = element_spec[key]
+            if spec.dtype != tf.int64 or (spec.shape.rank is not None and spec.shape.rank != 1):
+                raise TypeError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} is "
+                                f"{spec.dtype.name} of shape {spec.shape}; timestamps must be int64 seconds of shape "
+                                "[batch] (one per sample)")
 
     def _exchange(self, batch, is_end):
         batch = dict(batch)
         keys = [batch[spec.index_key] for spec in self.specs]
+        stamps = [] if self.timestamp is None else [batch[self.timestamp.index_key]]
         width = len(FeatureRouting.names())
-        outs = tf.numpy_function(self._processor, [is_end] + keys, [tf.bool] + [tf.int32] * (width * len(self.specs)),
+        outs = tf.numpy_function(self._processor, [is_end] + keys + stamps,
+                                 [tf.bool] + [tf.int32] * (width * len(self.specs)),
                                  stateful=True, name="shardrec_key_exchange")
         stop = tf.reshape(outs[0], [])
         size = config.get_config().size
@@ -162,6 +202,21 @@ class InsertFunction:
         return processed.map(lambda batch, stop: batch)
 
 
+def _timestamp_spec(specs, stamps, is_training):
+    """The insert function's is_timestamp FeatureSpec (at most one), which training features that
+    evict need; evaluation reads no timestamps."""
+    if len(stamps) > 1:
+        raise ValueError(f"get_asc_insert_func: FeatureSpecs {', '.join(repr(s.name) for s in stamps)} all have "
+                         "is_timestamp=True; a dataset has one timestamp feature for its tables: keep one")
+    evicting = [s for s in specs if s.eviction]
+    if is_training and evicting and not stamps:
+        raise ValueError(f"get_asc_insert_func: feature {evicting[0].name!r} has eviction_threshold = "
+                         f"{evicting[0].eviction_threshold}, which measures ages in the data's timestamps, but no "
+                         "FeatureSpec(..., is_timestamp=True) is among tgt_key_specs; add one naming the dataset key "
+                         "of the int64 timestamps, or set eviction_threshold=-1")
+    return stamps[0] if stamps and is_training else None
+
+
 def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwargs):
     """Returns the function for ``dataset.map`` that hands every batch's ids to the key pipeline."""
     owner = "get_asc_insert_func"
@@ -180,7 +235,7 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise ValueError(f"{owner}: feature names must be unique, repeated: {duplicated}")
-    if not specs:
+    if all(s.is_timestamp for s in specs):
         raise ValueError(f"{owner}: tgt_key_specs holds no table feature")
     if dump_graph:
         warn_once("get_asc_insert_func(dump_graph=True) has no effect in FeatureSpec mode: shardrec does not rewrite "
@@ -198,6 +253,7 @@ def start_asc_pipeline():
                 known = ", ".join(sorted(state.tables)) or "none"
                 raise KeyError(f"start_asc_pipeline: feature {spec.name!r} names table {spec.table_name!r}, which "
                                f"does not exist in this graph; tables created so far: {known}")
+    configure_tables(state.tables, state.insert_functions)
     if cfg.size > 1:
         get_world().make_row_exchanges(state.row_exchanges)
     state.pipeline_started = True

@@ -19,6 +19,12 @@ lock together with their rows, which no step changes during a save. Keys that pr
 added are saved with their initial rows and get the same rows back when those batches run again
 after a restore, because a restore refills the index in row order.
 
+A table with admission (admission/) also saves each key's count and last-seen timestamp, the keys
+still counting towards admission, and the newest timestamp seen: a restore, into any number of
+ranks, continues admission and eviction as if the job had not stopped. Warm start brings them
+along too. A checkpoint without them (saved before admission was on) restores its keys as
+admitted, with count 0 and last-seen timestamp 0, which the log says.
+
 Tables created after the Saver are not part of it (as with dense variables); tables created with
 is_save=False are never saved.
 """
@@ -39,7 +45,8 @@ from tensorflow.python.training import training_util
 from . import config
 from .logs import get_logger
 from .row_store import MEMORY_LIMIT_ENV
-from .sparse_checkpoint import (CheckpointError, needed_shards, read_array, read_manifest, shard_name, sparse_dir,
+from .admission.steps import follow_global_step, step_of_save
+from .sparse_checkpoint import (PENDING, CheckpointError, needed_shards, read_array, read_manifest, shard_name, sparse_dir,
                                 write_shard)
 from .world import get_world
 
@@ -47,6 +54,7 @@ log = get_logger("shardrec.saver")
 
 _TFSaver = saver_lib.Saver
 SAVE_SYNC_S = 120
+_NO_STEP = 2**62  # a save without global_step: the index as it is
 
 
 def rank_state_filename(rank):
@@ -109,7 +117,33 @@ def read_table_rows(sess, table):
     from the native row store (no session run; `sess` is kept for callers). Keys are taken under
     the index's lock with their rows, which no step changes while this runs."""
     keys, rows_at = table.index.export()
-    return {"keys": keys, **{name: table.store.read_rows(column, rows_at) for name, column in table.columns.items()}}
+    return {"keys": keys, **_rows_of(table, rows_at)}
+
+
+def _rows_of(table, rows_at):
+    return {name: table.store.read_rows(column, rows_at) for name, column in table.columns.items()}
+
+
+def _shard_of(table, step):
+    """What write_shard takes for one table: its keys and rows; with admission, their counts and
+    timestamps and the keys still counting, as of training step `step` (the input pipeline's
+    batches looked up beyond it taken back, embedding_index.h; admission/steps.py says when), so
+    that a restore at `step` goes on exactly as this run does. step None: the index as it is."""
+    if table.thresholds is None or not table.thresholds.counts:
+        keys, rows_at = table.index.export()
+        return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
+                "optimizers": sorted(table.optimizers), "arrays": _rows_of(table, rows_at)}
+    state = table.index.export_as_of(_NO_STEP if step is None else step)
+    if not state["exact"]:
+        log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline looked up "
+                    "beyond it (more than the index keeps a journal of); a restore counts them twice", table.table_name,
+                    step)
+    return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": state["keys"],
+            "optimizers": sorted(table.optimizers), "arrays": _rows_of(table, state["slots"]),
+            "metadata": {"counts": state["counts"], "last_seen": state["last_seen"]},
+            "pending": {name: state[name] for name in PENDING},
+            "admission": {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
+                          "newest": state["newest"], "pending_rows": len(state["pending_keys"])}}
 
 
 def _without_tables(var_list, excluded):
@@ -242,16 +276,14 @@ class Saver(_TFSaver):
         super().restore(sess, save_path)
         if self._tables and save_path is not None:
             _apply_tables(sess, self._tables, shards.value)
+            follow_global_step(sess, self._tables)
             config.mark_loaded()
 
     def _save_tables(self, sess, path, step, shared):
         """Writes and commits this rank's shard; returns its directory."""
         cfg = config.get_config()
-        tables = {}
-        for table in self._tables:
-            arrays = read_table_rows(sess, table)
-            tables[table.table_name] = {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": arrays.pop("keys"),
-                                        "optimizers": sorted(table.optimizers), "arrays": arrays}
+        back_to = step_of_save(step)
+        tables = {table.table_name: _shard_of(table, back_to) for table in self._tables}
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared)
         log.info("saved this rank's shard of %d table(s) (%s keys) to %s", len(tables),
                  "+".join(str(len(t["keys"])) for t in tables.values()), shard)
@@ -329,7 +361,7 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
                 raise CheckpointError(f"{path}: has no table {table.table_name!r}; it has "
                                       f"{sorted(manifests[r]['tables'])}")
             _check_layout(path, table, entry, values_only)
-            for name in ["keys", "values"] + ([] if values_only else sorted(table.slots)):
+            for name in ["keys", "values"] + ([] if values_only else sorted(table.slots)) + _admission_files(table, entry):
                 reads[(table.table_name, r, name)] = (shards[r], entry["files"][name],
                                                       f"table {table.table_name!r} {name}")
     # Reading and checksumming release the GIL: the files of a checkpoint are read side by side.
@@ -355,6 +387,7 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
                 arrays.setdefault(name, []).append(rows[mine])
         keys = _joined(keys)
         arrays = {name: _joined(parts) for name, parts in arrays.items()}
+        admission = _admission_of(table, needed, manifests, loaded, cfg, saved_size, len(keys))
         store = table.store
         if table.expands and len(keys) * store.bytes_per_row > store.memory_limit:
             raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
@@ -364,8 +397,43 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
             raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
                                   f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "
                                   "device_vocabulary_size" + (f" or {MEMORY_LIMIT_ENV}" if table.expands else ""))
-        out[table.table_name] = (keys, arrays)
+        out[table.table_name] = (keys, arrays, admission)
     return out
+
+
+def _admission_files(table, entry):
+    """The admission arrays to read for `table` from a shard's manifest entry (none when the table
+    does not count, or the checkpoint has none)."""
+    if table.thresholds is None or not table.thresholds.counts or "admission" not in entry:
+        return []
+    return ["counts", "last_seen", *PENDING]
+
+
+def _admission_of(table, needed, manifests, loaded, cfg, saved_size, n_keys):
+    """The counts and timestamps of this rank's keys and pending keys, and the newest timestamp
+    of every shard read, or None when the table does not count."""
+    if table.thresholds is None or not table.thresholds.counts:
+        return None
+    name = table.table_name
+    entries = [manifests[r]["tables"][name] for r in needed]
+    if any("admission" not in e for e in entries):
+        log.warning("table %r counts keys for admission, but the checkpoint holds no counts or timestamps for it: its "
+                    "%d key(s) are restored as admitted, with count 0 and last-seen timestamp 0", name, n_keys)
+        return {"counts": np.zeros(n_keys, np.uint32), "last_seen": np.zeros(n_keys, np.int64),
+                **{p: np.zeros(0, d) for p, d in zip(PENDING, (np.int64, np.uint32, np.int64))}, "newest": -1}
+    out = {"newest": max(int(e["admission"].get("newest", -1)) for e in entries)}
+    for kind, key_file in (("metadata", "keys"), ("pending", "pending_keys")):
+        names = ["counts", "last_seen"] if kind == "metadata" else list(PENDING)
+        for r in needed:
+            part_keys = loaded[(name, r, key_file)].astype(np.int64, copy=False)
+            mine = np.mod(part_keys, cfg.size) == cfg.rank if saved_size != cfg.size else slice(None)
+            for array_name in names:
+                array = loaded[(name, r, array_name)]
+                if array.shape != part_keys.shape:
+                    raise CheckpointError(f"table {name!r}: {array_name}.npy of rank {r}'s shard holds {array.shape[0]} "
+                                          f"entries for {part_keys.shape[0]} keys")
+                out.setdefault(array_name, []).append(array[mine])
+    return {k: (_joined(v) if isinstance(v, list) else v) for k, v in out.items()}
 
 
 def _joined(parts):
@@ -374,7 +442,7 @@ def _joined(parts):
 
 def _apply_tables(sess, tables, shards):
     for table in tables:
-        keys, arrays = shards[table.table_name]
+        keys, arrays, admission = shards[table.table_name]
         ops = _checkpoint_ops(table)
         done = sess.run(ops.initialized)
         # A table that has held keys in this session starts again from its initializer, so that
@@ -387,6 +455,11 @@ def _apply_tables(sess, tables, shards):
         rows_at = table.index.lookup(keys, allocate=True)
         for name, rows in arrays.items():
             table.store.write_rows(table.columns[name], rows_at, np.ascontiguousarray(rows, np.float32))
+        if admission is not None:
+            table.index.write_metadata(rows_at, np.ascontiguousarray(admission["counts"], np.uint32),
+                                       np.ascontiguousarray(admission["last_seen"], np.int64))
+            table.index.import_pending(*(np.ascontiguousarray(admission[p]) for p in PENDING))
+            table.index.newest = admission["newest"]
     log.info("restored this rank's keys of %d table(s): %s", len(tables),
              ", ".join(f"{t.table_name}={t.size()}" for t in tables))
 

@@ -2,6 +2,10 @@
 
     <dir>/sparse-<name>-<step>/rank-<r>-of-<n>/MANIFEST.json
     <dir>/sparse-<name>-<step>/rank-<r>-of-<n>/<table>/keys.npy, values.npy, <optimizer>.<slot>.npy
+    and, for a table with admission: counts.npy (uint32), last_seen.npy (int64), aligned with keys;
+    pending_keys.npy, pending_counts.npy, pending_last_seen.npy (keys still counting, no row); the
+    manifest's table entry then has "admission": {access_threshold, eviction_threshold, newest,
+    pending_rows}.
 
 Each rank writes its own shard directory, so no rank waits for another: the files go into a
 temporary directory, are flushed, the manifest (sizes, CRC-32s, shapes, dims, slot names, step,
@@ -76,8 +80,13 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
+
+
 def write_shard(save_path, rank, size, step, tables, shared):
-    """tables: {table name: {"dim", "key_dtype", "keys", "optimizers", "arrays": {"values" | slot: rows}}}.
+    """tables: {table name: {"dim", "key_dtype", "keys", "optimizers", "arrays": {"values" | slot: rows}}},
+    with admission also "metadata": {"counts", "last_seen"}, "pending": {PENDING...} and "admission"
+    (the manifest's entry).
     shared: every rank saves under the same path (else each under its own, seed 001's
     `model-{rank_id}`). Returns the committed shard directory."""
     root = sparse_dir(save_path)
@@ -91,13 +100,15 @@ def write_shard(save_path, rank, size, step, tables, shared):
     for name, table in tables.items():
         os.makedirs(os.path.join(tmp, name))
         files = {"keys": _write_array(os.path.join(tmp, name), "keys", table["keys"])}
-        for array_name, rows in table["arrays"].items():
+        for array_name, rows in {**table["arrays"], **table.get("metadata", {}), **table.get("pending", {})}.items():
             files[array_name] = _write_array(os.path.join(tmp, name), array_name, rows)
         for entry in files.values():
             entry["file"] = f"{name}/{entry['file']}"
         manifest["tables"][name] = {"dim": table["dim"], "key_dtype": table["key_dtype"], "rows": len(table["keys"]),
                                     "optimizers": table["optimizers"],
                                     "slots": sorted(a for a in table["arrays"] if a != "values"), "files": files}
+        if "admission" in table:
+            manifest["tables"][name]["admission"] = table["admission"]
         _fsync_dir(os.path.join(tmp, name))
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -201,8 +212,8 @@ def verify_shard(shard_dir, checksums=True):
         return None, [str(e)]
     problems = []
     for table, entry in sorted(manifest.get("tables", {}).items()):
-        rows = entry.get("rows")
         for name, item in sorted(entry.get("files", {}).items()):
+            rows = (entry.get("admission") or {}).get("pending_rows") if name in PENDING else entry.get("rows")
             what = f"table {table!r} {name}"
             try:
                 path = _file_of(shard_dir, item, what)

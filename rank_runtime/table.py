@@ -42,6 +42,10 @@ class EmbeddingTable:
         self.init_param = init_param
         self.all2all_gradients_op = all2all_gradients_op
         self.expands = expands
+        self.emb_initializer = emb_initializer
+        self.rank = rank
+        # Admission and eviction (admission/thresholds.py), set when the key pipeline starts.
+        self.thresholds = None
         from ..native import core as native_core  # links MPI: imported once init() has started it
 
         self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank)
@@ -139,9 +143,14 @@ class EmbeddingTable:
     def counters(self):
         """This rank's counters: keys held and capacity, keys sent to owners and received as owner
         (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased, and
-        the bytes of the key index and of the rows in use (values, optimizer slots, metadata)."""
+        the bytes of the key index and of the rows in use (values, optimizer slots, metadata). With
+        admission: admitted (keys given a row by their count), rejected (training occurrences of keys
+        without a row yet), pending (keys counting towards admission); with eviction: evicted,
+        evicted_pending (counting keys forgotten), reused (freed rows taken again), held_back (evicted
+        rows that batches in flight may still use)."""
         store_bytes = self.store.bytes()
-        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity(),
+        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity(), pending=self.index.pending(),
+                 held_back=self.index.held_back(),
                  index_bytes=self.index.memory_bytes(), value_bytes=store_bytes["values"],
                  slot_bytes=store_bytes["slots"], metadata_bytes=store_bytes["metadata"])
         c["key_bytes_sent"] = 8 * c["keys_sent"]
@@ -149,6 +158,12 @@ class EmbeddingTable:
         c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]
         c["row_bytes_received"] = 4 * self.dim * c["keys_sent"]
         return c
+
+    def admission_counters(self):
+        """The counters of admission and eviction alone (the logs and the supervisor's summary)."""
+        c = self.index.counters()
+        return {k: c[k] for k in ("admitted", "rejected", "evicted", "reused")} | {
+            "pending": self.index.pending(), "capacity": self.capacity()}
 
     def export(self, sess):
         """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}

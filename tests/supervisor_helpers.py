@@ -23,10 +23,10 @@ def run_env(fault=None, **extra):
     return env
 
 
-def shardrec_run(*args, fault=None, timeout=300, cwd=None, prefix=()):
-    """`shardrec-run ARGS`, run through `prefix` (e.g. a test host's agent) if given."""
+def shardrec_run(*args, fault=None, timeout=300, cwd=None, prefix=(), env=None):
+    """`shardrec-run ARGS`, run through `prefix` (e.g. a test host's agent) if given; `env`: variables added."""
     return subprocess.run([*prefix, RUN, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=run_env(fault), cwd=cwd)
+                          env=run_env(fault, **(env or {})), cwd=cwd)
 
 
 def job_args(tmp, name, extra=()):
@@ -37,9 +37,9 @@ def job_args(tmp, name, extra=()):
     return args, out, run
 
 
-def train(tmp, name, fault=None, extra=(), prefix=()):
+def train(tmp, name, fault=None, extra=(), prefix=(), env=None):
     args, out, run = job_args(tmp, name, extra)
-    return shardrec_run(*args, fault=fault, prefix=prefix), out, run
+    return shardrec_run(*args, fault=fault, prefix=prefix, env=env), out, run
 
 
 def assert_same_final_state(out, reference):

@@ -42,3 +42,9 @@ def test_short_benchmark_writes_every_row(tmp_path):
     assert e2e["row_exchange_share"]["2"] > 0, "2 ranks exchange rows in every step"
     assert report["machine"]["cores"] >= 1 and report["command"].startswith("bench/run.py")
     assert "| sparse_step |" in proc.stdout
+    admission = {r["note"].split(";")[0]: r for r in report["rows"] if r["workload"] == "sparse_step_admission"}
+    evicting = admission["admission 2, eviction every 100 steps"]
+    assert evicting["table"]["evicted"] > 0 and evicting["table"]["reused"] > 0, evicting
+    assert admission["admission 2 alone"]["table"]["evicted"] == 0
+    for row in admission.values():
+        assert row["shardrec"] > 0 and row["peer_value"] > 0 and row["table"]["rejected"] > 0, row

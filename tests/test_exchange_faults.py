@@ -56,8 +56,8 @@ def test_ranks_whose_tables_differ_stop_naming_the_first_difference():
     proc = check(mpiexec(2, JOB, "dim_mismatch", timeout=120))
     assert results(proc) == {"0": "ok=0 errors=5 first_error_batch=0", "1": "ok=0 errors=5 first_error_batch=0"}
     for message in errors(proc).values():
-        assert ("differ at entry 2: rank 0 has feature 'b' (table 'tb', dim 4, key dtype int64, send_count dynamic), "
-                "rank 1 has feature 'b' (table 'tb', dim 8,") in message
+        assert ("differ at entry 2: rank 0 has feature 'b' (table 'tb', dim 4, key dtype int64, send_count dynamic, "
+                "no admission), rank 1 has feature 'b' (table 'tb', dim 8,") in message
 
 
 def test_an_evaluation_on_one_rank_times_out_naming_the_channel_and_the_missing_rank():

@@ -1,4 +1,4 @@
-"""Every import path the seeds use resolves; names of capabilities not built yet fail loudly."""
+"""Every import path the seeds use resolves; parameters of capabilities not built yet fail loudly."""
 import importlib
 
 import pytest
@@ -42,24 +42,10 @@ def test_facade_objects_are_the_runtime_objects():
     assert init is shardrec.rank_runtime.init
 
 
-NOT_BUILT = [
-    ("mx_rec.core.feature_process", "EvictHook", "feature admission and eviction"),
-]
-
-
-@pytest.mark.parametrize("path,name,capability", NOT_BUILT, ids=[n for _, n, _ in NOT_BUILT])
-def test_names_not_built_yet_raise(path, name, capability):
-    obj = getattr(importlib.import_module(path), name)
-    with pytest.raises(NotImplementedError, match=capability):
-        obj()
-
-
 def test_capabilities_not_built_yet_refused_by_parameters(runtime):
     import tensorflow as tf
 
-    from shardrec.rank_runtime import FeatureSpec, create_table
+    from shardrec.rank_runtime import create_table
 
-    with pytest.raises(NotImplementedError, match="feature admission and eviction"):
-        FeatureSpec("f", table_name="t", access_threshold=3)
     with pytest.raises(NotImplementedError, match="host-memory and SSD tiers"):
         create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=100)

@@ -111,12 +111,6 @@ def test_parameters_without_effect_say_so(graph, shardrec_warnings, call, expect
     assert any(expected in message for message in shardrec_warnings), shardrec_warnings
 
 
-def test_a_timestamp_feature_is_refused_until_eviction_exists(graph):
-    config.init()
-    with pytest.raises(NotImplementedError, match="is_timestamp=True feeds time-based eviction"):
-        FeatureSpec("ts", is_timestamp=True)
-
-
 def test_a_table_name_with_a_trailing_newline_is_refused(graph):
     config.init()
     with pytest.raises(ValueError, match=r"parameter 'name' = 'user\\n' is not allowed"):

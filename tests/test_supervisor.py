@@ -17,6 +17,21 @@ from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, 
                                 train)
 
 
+def test_the_summary_sums_the_admission_counters_of_every_rank(tmp_path):
+    sys.path.insert(0, JOBS)
+    import supervised_train
+
+    proc, _, run = train(tmp_path, "admission", env={"ACCESS_THRESHOLD": "2"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ids = supervised_train.global_batches()[0]
+    keys, counts = np.unique(ids, return_counts=True)
+    admission = json.loads((run / "summary.json").read_text())["admission"]["emb"]
+    assert admission["admitted"] == int((counts >= 2).sum())
+    assert admission["pending"] == int((counts < 2).sum())
+    assert admission["rejected"] > 0 and admission["evicted"] == 0
+    assert "emb: admitted" in proc.stderr
+
+
 def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference_run):
     proc, out, run = reference_run
     summary = json.loads((run / "summary.json").read_text())

@@ -1,3 +1,3 @@
-from shardrec.rank_runtime.not_built import EvictHook
+from shardrec.rank_runtime.admission import EvictHook
 
 __all__ = ["EvictHook"]

@@ -1,13 +1,27 @@
 // One table shard's key index: which row (slot) of the shard's row store holds each key, which
-// rows are free, and the counters users see. Thread-safe: the train and eval pipelines of a
+// rows are free, and the counters users see. With admission (access_threshold >= 0) it also counts
+// the keys that have no row yet (a second map, key -> count and last-seen timestamp) and gives a
+// key a row once its count reaches the threshold; with eviction it frees the rows of keys whose
+// last-seen timestamp is old enough, holding each freed row back until the training step has
+// passed every batch that may still reference it (release_evicted).
+//
+// The input pipeline looks batches up ahead of training, so when a checkpoint is saved after step T
+// the index has already counted (and admitted, and maybe evicted for) batches T, T+1, ...: a journal
+// of each step's changes lets export_as_of(T) give the state as of step T exactly, which is what a
+// restore at step T must resume from. Thread-safe: the train and eval pipelines of a
 // table run in different TensorFlow threads. A new row beyond the rows in use puts the next chunk
 // of the store in use (dynamic expansion), on the pipeline's thread, before any kernel sees it.
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "key_slot_map.h"
@@ -21,6 +35,27 @@ struct IndexCounters {
   uint64_t inserted = 0;       // keys given a new slot
   uint64_t missed = 0;         // unknown keys on a non-allocating (eval) lookup
   uint64_t erased = 0;
+  uint64_t admitted = 0;         // keys given a row because their count reached the threshold
+  uint64_t rejected = 0;         // training occurrences of keys that had no row yet (read zeros, no update)
+  uint64_t evicted = 0;          // keys whose row eviction freed
+  uint64_t evicted_pending = 0;  // keys still counting towards admission that eviction forgot
+  uint64_t reused = 0;           // freed rows taken again (fresh initial values)
+};
+
+// A key that has no row yet, as a checkpoint holds it.
+struct PendingKeys {
+  std::vector<int64_t> keys, last_seen;
+  std::vector<uint32_t> counts;
+};
+
+// The keys of a counting table as of one step: rows (in row order) and keys still counting.
+struct AdmissionState {
+  std::vector<int64_t> keys, last_seen;
+  std::vector<int32_t> slots;
+  std::vector<uint32_t> counts;
+  PendingKeys pending;
+  int64_t newest = -1;
+  bool exact = true;  // false: the journal no longer reached back to the step asked for
 };
 
 class EmbeddingIndex {
@@ -62,13 +97,279 @@ class EmbeddingIndex {
 
   size_t memory_bytes() const {
     std::lock_guard<std::mutex> g(mu_);
-    return map_.memory_bytes() + free_.capacity() * sizeof(int32_t);
+    return map_.memory_bytes() + free_.capacity() * sizeof(int32_t) + pending_.memory_bytes() +
+           pend_count_.capacity() * sizeof(uint32_t) + pend_ts_.capacity() * sizeof(int64_t) +
+           pend_free_.capacity() * sizeof(int32_t) + quarantine_.capacity() * sizeof(quarantine_[0]);
   }
 
   // Maps keys to slots. allocate=false (eval) never inserts: unknown keys get the sentinel.
   void lookup(const int64_t* keys, size_t n, bool allocate, int32_t* slots) {
     std::lock_guard<std::mutex> g(mu_);
     lookup_locked(keys, n, allocate, slots);
+  }
+
+  // Admission and eviction, set before the first batch. access < 0: every key gets a row at once
+  // and nothing is counted; eviction < 0: nothing is evicted.
+  void set_admission(int64_t access, int64_t eviction) {
+    std::lock_guard<std::mutex> g(mu_);
+    access_ = access;
+    eviction_ = eviction;
+  }
+  bool counts() const { return access_ >= 0; }
+  bool evicts() const { return eviction_ >= 0; }
+  int64_t access_threshold() const { return access_; }
+  int64_t eviction_threshold() const { return eviction_; }
+  // The newest data timestamp any rank has seen for this table (-1: none yet).
+  int64_t newest() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return newest_;
+  }
+  void observe_newest(int64_t ts) {
+    std::lock_guard<std::mutex> g(mu_);
+    newest_ = std::max(newest_, ts);
+  }
+  size_t pending() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return pending_.size();
+  }
+  size_t held_back() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return quarantine_.size();
+  }
+
+  // A training lookup with admission: meta[2i] is how often keys[i] occurs in the batch (all
+  // requesters together), meta[2i+1] its newest timestamp (0 without a timestamp feature). Keys
+  // with a row are counted; a key without one is counted towards admission and gets a row once its
+  // count reaches the threshold, else the sentinel (zeros, no update).
+  void lookup_counted(const int64_t* keys, const int64_t* meta, size_t n, int32_t* slots) {
+    std::lock_guard<std::mutex> g(mu_);
+    uint32_t* counts = store_->counts();
+    int64_t* last_seen = store_->last_seen();
+    std::vector<Change>* log = journal_.empty() ? nullptr : &journal_.back().looked_up;
+    // Two passes, each prefetching a few keys ahead: the map's buckets, then the rows' metadata
+    // (the keys are distinct, so what the first pass finds holds through the second).
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) map_.prefetch(keys[i + kAhead]);
+      const size_t b = map_.probe(keys[i]);
+      slots[i] = map_.occupied(b) ? map_.slot_at(b) : KeySlotMap::kEmpty;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        const int32_t ahead = slots[i + kAhead];
+        if (ahead != KeySlotMap::kEmpty) {
+          __builtin_prefetch(counts + ahead);
+          __builtin_prefetch(last_seen + ahead);
+        } else {
+          pending_.prefetch(keys[i + kAhead]);
+        }
+      }
+      const int64_t c = meta[2 * i], ts = meta[2 * i + 1];
+      const int32_t s = slots[i];
+      if (s != KeySlotMap::kEmpty) {
+        if (log != nullptr) log->push_back(Change{keys[i], last_seen[s], counts[s], s, kRow});
+        counts[s] = saturated(counts[s] + static_cast<uint64_t>(c));
+        last_seen[s] = std::max(last_seen[s], ts);
+        continue;
+      }
+      const size_t pb = pending_.probe(keys[i]);
+      const bool known = pending_.occupied(pb);
+      const int32_t p = known ? pending_.slot_at(pb) : -1;
+      const uint64_t total = static_cast<uint64_t>(c) + (known ? pend_count_[p] : 0);
+      const int64_t seen = std::max(ts, known ? pend_ts_[p] : INT64_MIN);
+      if (log != nullptr)
+        log->push_back(known ? Change{keys[i], pend_ts_[p], pend_count_[p], -1, kPending} : Change{keys[i], 0, 0, -1, kAbsent});
+      if (static_cast<int64_t>(total) >= access_) {
+        const int32_t slot = take_slot();
+        map_.insert_at(map_.probe(keys[i]), keys[i], slot);
+        counts[slot] = saturated(total);
+        last_seen[slot] = seen;
+        if (known) forget_pending(keys[i], p);
+        slots[i] = slot;
+        ++counters_.inserted;
+        ++counters_.admitted;
+      } else {
+        if (known) {
+          pend_count_[p] = saturated(total);
+          pend_ts_[p] = seen;
+        } else {
+          add_pending(pb, keys[i], total, seen);
+        }
+        slots[i] = sentinel();
+        counters_.rejected += static_cast<uint64_t>(c);
+      }
+    }
+  }
+
+  // The exchange starts a step's journal before the step's eviction and lookups.
+  void begin_step(int64_t step) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!journal_.empty() && journal_.back().step >= step) journal_.clear();  // the steps started again (restore)
+    while (journal_.size() >= kJournalSteps) {
+      dropped_upto_ = journal_.front().step;
+      retire_oldest_step();
+    }
+    // A retired step's buffers, kept: a fresh megabyte a step cost page faults on every batch.
+    StepJournal j;
+    if (!spare_.empty()) {
+      j = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    j.step = step;
+    j.newest_before = newest_;
+    j.evicted.clear();
+    j.looked_up.clear();
+    journal_.push_back(std::move(j));
+  }
+
+  // Evicts every key (with a row or still counting) whose last-seen timestamp is at least the
+  // eviction threshold older than the newest one. Freed rows are held back, tagged with `step`
+  // (the training steps whose batches were looked up before this eviction): release_evicted frees
+  // them once training has passed that step. Returns the number of keys with a row evicted.
+  size_t evict(int64_t step) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (eviction_ < 0 || newest_ < 0) return 0;
+    const int64_t cutoff = newest_ - eviction_;
+    const int64_t* last_seen = store_->last_seen();
+    std::vector<int64_t> old;
+    // A scan of every bucket: each held key's timestamp is a random access into the store's
+    // metadata, prefetched a few buckets ahead.
+    constexpr size_t kAhead = 16;
+    const size_t buckets = map_.bucket_count();
+    for (size_t b = 0; b < buckets; ++b) {
+      if (b + kAhead < buckets && map_.occupied(b + kAhead)) __builtin_prefetch(last_seen + map_.slot_at(b + kAhead));
+      if (map_.occupied(b) && last_seen[map_.slot_at(b)] <= cutoff) old.push_back(map_.key_at(b));
+    }
+    std::vector<Change>* log = journal_.empty() ? nullptr : &journal_.back().evicted;
+    for (size_t i = 0; i < old.size(); ++i) {
+      if (i + 8 < old.size()) map_.prefetch(old[i + 8]);
+      const int64_t k = old[i];
+      const int32_t s = map_.erase(k);
+      if (log != nullptr) log->push_back(Change{k, last_seen[s], store_->counts()[s], s, kRow});
+      quarantine_.emplace_back(step, s);
+    }
+    counters_.evicted += old.size();
+    const size_t rows = old.size();
+    old.clear();
+    pending_.for_each([&](int64_t k, int32_t p) {
+      if (pend_ts_[p] <= cutoff) old.push_back(k);
+    });
+    for (int64_t k : old) {
+      const int32_t p = pending_.find(k);
+      if (log != nullptr) log->push_back(Change{k, pend_ts_[p], pend_count_[p], -1, kPending});
+      forget_pending(k, p);
+    }
+    counters_.evicted_pending += old.size();
+    return rows;
+  }
+
+  // Called with the global step after each training step. Frees the rows evicted at steps
+  // < trained_step: every batch looked up before their eviction is trained, and a checkpoint of
+  // step trained_step no longer needs their values (an eviction at step T itself is undone by
+  // export_as_of(T)). Drops the journal of steps < trained_step. Returns how many rows became free.
+  size_t release_evicted(int64_t trained_step) {
+    std::lock_guard<std::mutex> g(mu_);
+    while (!journal_.empty() && journal_.front().step < trained_step) retire_oldest_step();
+    size_t n = 0;
+    while (n < quarantine_.size() && quarantine_[n].first < trained_step) free_.push_back(quarantine_[n++].second);
+    quarantine_.erase(quarantine_.begin(), quarantine_.begin() + static_cast<std::ptrdiff_t>(n));
+    return n;
+  }
+
+  // Counts and last-seen timestamps of `slots` (a checkpoint's rows) / set from one.
+  void read_metadata(const int32_t* slots, size_t n, uint32_t* counts, int64_t* last_seen) const {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      counts[i] = store_->counts()[slots[i]];
+      last_seen[i] = store_->last_seen()[slots[i]];
+    }
+  }
+  void write_metadata(const int32_t* slots, size_t n, const uint32_t* counts, const int64_t* last_seen) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      store_->counts()[slots[i]] = counts[i];
+      store_->last_seen()[slots[i]] = last_seen[i];
+    }
+  }
+  // Every key as of step `step`: the current keys with the journal of steps >= step undone (in
+  // reverse: each step's lookups, then its eviction, which came first). Rows of keys admitted
+  // since have no place in it; rows evicted since are held back, their values those of step `step`.
+  AdmissionState export_as_of(int64_t step) const {
+    std::lock_guard<std::mutex> g(mu_);
+    struct Entry {
+      int32_t slot;
+      uint32_t count;
+      int64_t ts;
+    };
+    std::unordered_map<int64_t, Entry> rows, pending;
+    rows.reserve(map_.size());
+    map_.for_each([&](int64_t k, int32_t s) { rows[k] = Entry{s, store_->counts()[s], store_->last_seen()[s]}; });
+    pending_.for_each([&](int64_t k, int32_t p) { pending[k] = Entry{-1, pend_count_[p], pend_ts_[p]}; });
+    AdmissionState out;
+    out.newest = newest_;
+    out.exact = dropped_upto_ < step;
+    for (auto j = journal_.rbegin(); j != journal_.rend() && j->step >= step; ++j) {
+      for (auto c = j->looked_up.rbegin(); c != j->looked_up.rend(); ++c) {
+        if (c->was == kRow) {
+          Entry& e = rows.at(c->key);
+          e.count = c->count;
+          e.ts = c->ts;
+          continue;
+        }
+        rows.erase(c->key);
+        pending.erase(c->key);
+        if (c->was == kPending) pending[c->key] = Entry{-1, c->count, c->ts};
+      }
+      for (auto c = j->evicted.rbegin(); c != j->evicted.rend(); ++c)
+        (c->was == kRow ? rows : pending)[c->key] = Entry{c->slot, c->count, c->ts};
+      out.newest = j->newest_before;
+    }
+    std::vector<std::pair<int32_t, int64_t>> order;
+    order.reserve(rows.size());
+    for (const auto& [k, e] : rows) order.emplace_back(e.slot, k);
+    std::sort(order.begin(), order.end());
+    for (const auto& [s, k] : order) {
+      const Entry& e = rows[k];
+      out.keys.push_back(k);
+      out.slots.push_back(s);
+      out.counts.push_back(e.count);
+      out.last_seen.push_back(e.ts);
+    }
+    std::vector<int64_t> pkeys;
+    for (const auto& kv : pending) pkeys.push_back(kv.first);
+    std::sort(pkeys.begin(), pkeys.end());
+    for (int64_t k : pkeys) {
+      out.pending.keys.push_back(k);
+      out.pending.counts.push_back(pending[k].count);
+      out.pending.last_seen.push_back(pending[k].ts);
+    }
+    return out;
+  }
+
+  PendingKeys export_pending() const {
+    std::lock_guard<std::mutex> g(mu_);
+    PendingKeys out;
+    pending_.for_each([&](int64_t k, int32_t p) {
+      out.keys.push_back(k);
+      out.counts.push_back(pend_count_[p]);
+      out.last_seen.push_back(pend_ts_[p]);
+    });
+    return out;
+  }
+  // Keys still counting, from a checkpoint; a key that has a row is refused.
+  void import_pending(const int64_t* keys, const uint32_t* counts, const int64_t* last_seen, size_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (map_.find(keys[i]) != KeySlotMap::kEmpty)
+        throw std::invalid_argument("key " + std::to_string(keys[i]) + " is both admitted and pending");
+      const size_t pb = pending_.probe(keys[i]);
+      if (pending_.occupied(pb)) {
+        pend_count_[pending_.slot_at(pb)] = counts[i];
+        pend_ts_[pending_.slot_at(pb)] = last_seen[i];
+      } else {
+        add_pending(pb, keys[i], counts[i], last_seen[i]);
+      }
+    }
   }
 
   // Keys this shard sent to owners and received from requesters in one exchange.
@@ -92,12 +393,21 @@ class EmbeddingIndex {
     return removed;
   }
 
-  // Forgets every key; counters are kept. The map keeps its size (room for the whole shard).
+  // Forgets every key (those still counting and the rows held back too); counters are kept. The
+  // map keeps its size (room for the whole shard).
   void clear() {
     std::lock_guard<std::mutex> g(mu_);
     map_.clear();
     free_.clear();
     free_.shrink_to_fit();
+    pending_.clear();
+    pend_count_.clear();
+    pend_ts_.clear();
+    pend_free_.clear();
+    quarantine_.clear();
+    journal_.clear();
+    dropped_upto_ = INT64_MIN;
+    newest_ = -1;
     next_slot_ = 0;
   }
 
@@ -139,11 +449,39 @@ class EmbeddingIndex {
     }
   }
 
+  void retire_oldest_step() {
+    if (spare_.size() < 2) spare_.push_back(std::move(journal_.front()));
+    journal_.pop_front();
+  }
+
+  static uint32_t saturated(uint64_t c) { return static_cast<uint32_t>(std::min<uint64_t>(c, UINT32_MAX)); }
+
+  void add_pending(size_t bucket, int64_t key, uint64_t count, int64_t ts) {
+    int32_t p;
+    if (!pend_free_.empty()) {
+      p = pend_free_.back();
+      pend_free_.pop_back();
+      pend_count_[p] = saturated(count);
+      pend_ts_[p] = ts;
+    } else {
+      p = static_cast<int32_t>(pend_count_.size());
+      pend_count_.push_back(saturated(count));
+      pend_ts_.push_back(ts);
+    }
+    pending_.insert_at(bucket, key, p);
+  }
+
+  void forget_pending(int64_t key, int32_t p) {
+    pending_.erase(key);
+    pend_free_.push_back(p);
+  }
+
   int32_t take_slot() {
     if (!free_.empty()) {
       const int32_t s = free_.back();
       free_.pop_back();
-      if (expands_) store_->reset_row(s);
+      store_->reset_row(s);
+      ++counters_.reused;
       return s;
     }
     if (next_slot_ >= capacity_) {
@@ -163,6 +501,34 @@ class EmbeddingIndex {
   KeySlotMap map_;
   std::vector<int32_t> free_;
   int32_t next_slot_ = 0;
+  int64_t access_ = -1, eviction_ = -1;
+  int64_t newest_ = -1;
+  KeySlotMap pending_;                 // key -> its place in pend_count_ / pend_ts_
+  std::vector<uint32_t> pend_count_;
+  std::vector<int64_t> pend_ts_;
+  std::vector<int32_t> pend_free_;
+  std::vector<std::pair<int64_t, int32_t>> quarantine_;  // (step of the eviction, row), in step order
+
+  // What a step changed, to be undone by export_as_of: a key's state before the change.
+  enum Was : uint8_t { kAbsent, kPending, kRow };
+  struct Change {
+    int64_t key;
+    int64_t ts;
+    uint32_t count;
+    int32_t slot;  // kRow in an eviction: the row held back
+    Was was;
+  };
+  struct StepJournal {
+    int64_t step = 0;
+    int64_t newest_before = -1;
+    std::vector<Change> evicted, looked_up;
+  };
+  // Steps ahead of training a checkpoint can be taken back from: input pipelines prefetch a few
+  // batches; a save further behind than this is not exact, and says so.
+  static constexpr size_t kJournalSteps = 64;
+  std::deque<StepJournal> journal_;
+  std::vector<StepJournal> spare_;
+  int64_t dropped_upto_ = INT64_MIN;
   IndexCounters counters_;
 };
 

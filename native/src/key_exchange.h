@@ -10,8 +10,15 @@
 // Every round is bound by the channel's deadline (channel_comm.h). After any error the channel
 // is stopped on every rank: each later batch raises the same error without a collective, so
 // ranks never drift out of step.
+//
+// Admission and eviction ride on the same rounds: the status round also carries each rank's
+// newest timestamp and whether it asks for an eviction (EvictHook's time interval), so every rank
+// evicts in the same round, before the batch's keys are resolved; an eviction by step interval
+// needs no word, as every rank counts the same steps.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -42,11 +49,13 @@ inline uint64_t fnv1a(const std::string& s) {
 }
 
 struct FeatureSet {
-  FeatureSet(std::vector<ExchangeFeature> f, std::string d)
-      : features(std::move(f)), description(std::move(d)), signature(static_cast<int64_t>(fnv1a(description))) {}
+  FeatureSet(std::vector<ExchangeFeature> f, std::string d, std::string ts = "")
+      : features(std::move(f)), description(std::move(d)), signature(static_cast<int64_t>(fnv1a(description))),
+        timestamp_feature(std::move(ts)) {}
   std::vector<ExchangeFeature> features;
   std::string description;  // one line per feature; named in the error when ranks differ
   int64_t signature;
+  std::string timestamp_feature;  // the is_timestamp feature whose values come with every batch ('' none)
 };
 
 struct FeatureRouting {
@@ -58,6 +67,9 @@ struct FeatureRouting {
 
 struct ExchangeCounters {
   uint64_t batches = 0;
+  uint64_t evictions = 0;       // eviction rounds
+  uint64_t evicted_rows = 0;    // keys with a row evicted, over all tables
+  int64_t last_eviction_step = -1;
   uint64_t ns_in_collectives = 0;
   uint64_t ns_total = 0;
 };
@@ -74,9 +86,12 @@ class KeyExchange {
   ExchangeCounters counters() const { return counters_; }
   const std::string& stopped() const { return stopped_; }
   // A new configuration (init() again) starts from a running channel, unless a round timed out:
-  // an abandoned collective cannot be taken back.
+  // an abandoned collective cannot be taken back. Its steps are numbered afresh.
   void restart() {
     if (comm_.broken().empty()) stopped_.clear();
+    step_ = 0;
+    step_follows_training_ = false;
+    evict_every_ = 0;
   }
   // At exit: tells every peer's pending (or next) status round on this channel that this rank has
   // no more data. A peer whose prefetch had started one batch more than this rank when the
@@ -85,9 +100,23 @@ class KeyExchange {
     if (left_ || comm_.world() == 1) return;
     left_ = true;
     // Static: the sends may still be in flight when this object is gone (they complete in MPI_Finalize).
-    static const int64_t kLeaveStatus[kWords] = {0, kLeft, -1, 0, 0, -1, 0};
+    static const int64_t kLeaveStatus[kWords] = {0, kLeft, -1, 0, 0, -1, 0, 0, -1, -1, 0};
     comm_.post_status(kLeaveStatus, kWords);
   }
+
+  // Eviction on the training channel: every `step_interval` steps (0: never).
+  void set_eviction(int64_t step_interval) { evict_every_ = step_interval; }
+  // The training step the next batch follows (the global step a session starts or resumes at).
+  void set_step(int64_t step) {
+    step_ = step;
+    step_follows_training_ = true;
+  }
+  // Whether the step numbering was set from a global step (a session's start or a restore), so
+  // that a checkpoint of global step T may take back what was counted for batches T, T+1, ...
+  bool step_follows_training() const { return step_follows_training_; }
+  int64_t step() const { return step_; }
+  // EvictHook's time interval: the next status round asks every rank to evict.
+  void request_eviction() { evict_asked_.store(true); }
 
   // The ranks whose data ended, after run() returned false.
   const std::vector<int>& ranks_out_of_data() const { return ranks_out_of_data_; }
@@ -95,12 +124,12 @@ class KeyExchange {
   // Returns false when some rank has no more data: every rank returns false at the same batch.
   // `keys[f]` are the ids of features.features[f] (ignored when has_data is false).
   bool run(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data,
-           std::vector<FeatureRouting>& out) {
+           std::vector<FeatureRouting>& out, BatchTimestamps ts = {}) {
     if (!stopped_.empty())
       throw ExchangeError(stopped_ + " [this channel stopped at batch " + std::to_string(stopped_at_) +
                           "; every later batch raises this error on every rank]");
     try {
-      return run_checked(fs, keys, has_data, out);
+      return run_checked(fs, keys, has_data, out, ts);
     } catch (const ExchangeError& e) {
       stopped_ = e.what();
       stopped_at_ = counters_.batches;
@@ -109,23 +138,35 @@ class KeyExchange {
   }
 
  private:
-  enum Word { kHasData, kSignature, kOverflowFeature, kOverflowCount, kOverflowOwner, kBadFeature, kBadKey, kWords };
+  enum Word {
+    kHasData, kSignature, kOverflowFeature, kOverflowCount, kOverflowOwner, kBadFeature, kBadKey,
+    kEvictAsked,  // this rank's EvictHook asks for an eviction now
+    kNewestTs,    // the newest timestamp of this rank's batch (-1: none)
+    kBadTs,       // -1, or 0: a negative timestamp (kBadTsValue), 1: kBadTsValue samples for ids that do not fit
+    kBadTsValue,
+    kWords
+  };
   // The signature of a rank that left (leave()): out of data, whatever features the round is for.
   static constexpr int64_t kLeft = INT64_MIN;
 
-  bool run_checked(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data,
-                   std::vector<FeatureRouting>& out) {
+  bool run_checked(const FeatureSet& fs, std::vector<RouterInput> keys, bool has_data,
+                   std::vector<FeatureRouting>& out, BatchTimestamps ts) {
+    // Training lookups of a table with admission count their keys on the owner.
+    for (size_t f = 0; f < keys.size() && f < fs.features.size(); ++f)
+      keys[f].counted = allocate_ && fs.features[f].index->counts();
     const auto t0 = std::chrono::steady_clock::now();
     coll_ns0_ = comm_.ns_waiting();
     const size_t nf = fs.features.size();
     const int world = comm_.world();
     out.assign(nf, FeatureRouting{});
-    int64_t status[kWords] = {has_data ? 1 : 0, fs.signature, -1, 0, 0, -1, 0};
+    int64_t status[kWords] = {has_data ? 1 : 0, fs.signature, -1, 0, 0, -1, 0, 0, -1, -1, 0};
+    if (allocate_ && evict_asked_.exchange(false)) status[kEvictAsked] = 1;
     if (has_data) {
       if (keys.size() != nf) throw std::invalid_argument("one id array per feature expected");
       check_key_range(fs, keys, status);
+      if (!fs.timestamp_feature.empty()) check_timestamps(keys, ts, status);
       restore_.clear();
-      router_.bucket(keys, world, restore_);
+      router_.bucket(keys, world, restore_, status[kBadTs] < 0 ? ts : BatchTimestamps{});
       for (size_t f = 0; f < nf && status[kOverflowFeature] < 0; ++f) {
         for (int r = 0; r < world; ++r) {
           if (fs.features[f].send_count > 0 && router_.sent(f, r) > fs.features[f].send_count) {
@@ -152,6 +193,7 @@ class KeyExchange {
       return false;
     }
     throw_if_refused(fs, all);
+    if (allocate_) evict_and_observe(fs, all);
 
     router_.exchange(comm_);
     std::string capacity_error;
@@ -169,8 +211,52 @@ class KeyExchange {
     // Unreachable today (eval never allocates; on train the agreement has thrown on every rank);
     // kept so that a full table can never pass silently if a channel stops agreeing.
     if (full_feature >= 0) throw ExchangeError(capacity_error);
+    if (allocate_) ++step_;
     finish(t0);
     return true;
+  }
+
+  // Timestamps: one int64 per sample, none negative, and every counted feature's ids a whole
+  // number per sample.
+  static void check_timestamps(const std::vector<RouterInput>& keys, BatchTimestamps ts, int64_t* status) {
+    for (size_t i = 0; i < ts.samples; ++i) {
+      if (ts.ts[i] < 0) {
+        status[kBadTs] = 0;
+        status[kBadTsValue] = ts.ts[i];
+        return;
+      }
+      status[kNewestTs] = std::max(status[kNewestTs], ts.ts[i]);
+    }
+    for (const auto& k : keys) {
+      if (k.counted && (ts.samples == 0 ? k.n > 0 : k.n % ts.samples != 0)) {
+        status[kBadTs] = 1;
+        status[kBadTsValue] = static_cast<int64_t>(ts.samples);
+        return;
+      }
+    }
+  }
+
+  // Before this batch's keys are resolved: an eviction if any rank asks for one or the step
+  // interval says so, then the newest timestamp of every rank's batch.
+  void evict_and_observe(const FeatureSet& fs, const std::vector<int64_t>& all) {
+    bool asked = evict_every_ > 0 && step_ > 0 && step_ % evict_every_ == 0;
+    int64_t newest = -1;
+    for (int r = 0; r < comm_.world(); ++r) {
+      asked = asked || all[static_cast<size_t>(r) * kWords + kEvictAsked] != 0;
+      newest = std::max(newest, all[static_cast<size_t>(r) * kWords + kNewestTs]);
+    }
+    std::vector<EmbeddingIndex*> seen;
+    for (const auto& f : fs.features) {
+      if (!f.index->counts() || std::find(seen.begin(), seen.end(), f.index) != seen.end()) continue;
+      seen.push_back(f.index);
+      f.index->begin_step(step_);
+      if (asked && f.index->evicts()) counters_.evicted_rows += f.index->evict(step_);
+      if (newest >= 0) f.index->observe_newest(newest);
+    }
+    if (asked) {
+      counters_.evictions += 1;
+      counters_.last_eviction_step = step_;
+    }
   }
 
   // An int64 id into an int32 table is refused, not truncated: two ids would share a row.
@@ -207,7 +293,7 @@ class KeyExchange {
         throw ExchangeError("the ranks' features on key exchange '" + comm_.channel() + "' differ at entry " +
                             std::to_string(i + 1) + ": rank 0 has " + a + ", rank " + std::to_string(r) + " has " +
                             b + ". Every rank must build the same FeatureSpecs (names, tables, dims, key dtypes, "
-                            "send_count) for the same dataset (every rank stops here)");
+                            "send_count, thresholds, timestamp feature) for the same dataset (every rank stops here)");
       }
     }
     throw ExchangeError("the ranks' feature signatures differ on key exchange '" + comm_.channel() +
@@ -237,6 +323,20 @@ class KeyExchange {
     if (!bad.empty())
       throw ExchangeError(bad + "; create the table with key_dtype=tf.int64 or map the ids into int32 "
                                 "(every rank stops here)");
+    std::string bad_ts;
+    for (int r = 0; r < comm_.world(); ++r) {
+      const int64_t* s = &all[static_cast<size_t>(r) * kWords];
+      if (s[kBadTs] == 0)
+        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has timestamp " +
+                  std::to_string(s[kBadTsValue]) + " in is_timestamp feature '" + fs.timestamp_feature +
+                  "'; timestamps must be seconds >= 0";
+      else if (s[kBadTs] == 1)
+        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has " +
+                  std::to_string(s[kBadTsValue]) + " timestamps in is_timestamp feature '" + fs.timestamp_feature +
+                  "', which do not divide the ids of a feature that counts: give one timestamp per sample "
+                  "(shape [batch])";
+    }
+    if (!bad_ts.empty()) throw ExchangeError(bad_ts + " (every rank stops here)");
     if (!overflow.empty())
       throw ExchangeError(overflow + "; raise send_count to at least " + std::to_string(largest) +
                           " (every rank stops here)");
@@ -290,11 +390,15 @@ class KeyExchange {
     // Owner side: received keys -> local rows, in source-rank order (padding keeps the sentinel).
     o.local_slots.assign(total_recv, feature.index->sentinel());
     size_t dst = 0;
-    for (int s = 0; s < world; ++s) {
-      const int32_t n = router_.received_count(f, s);
-      feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.local_slots.data() + dst);
-      feature.index->add_traffic(router_.sent(f, s), n);
-      dst += o.recv_splits[s];
+    if (allocate_ && feature.index->counts()) {
+      resolve_counted(feature, f, o);
+    } else {
+      for (int s = 0; s < world; ++s) {
+        const int32_t n = router_.received_count(f, s);
+        feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.local_slots.data() + dst);
+        feature.index->add_traffic(router_.sent(f, s), n);
+        dst += o.recv_splits[s];
+      }
     }
     // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
     // no padding the received keys are this batch's unique keys already: no expand needed.
@@ -311,6 +415,48 @@ class KeyExchange {
     for (auto& r : o.restore) r = back[r];
   }
 
+  // Admission decides on a key's count over the whole batch, every requester's occurrences
+  // together, so that every rank asking for a key in one batch gets the same answer: the received
+  // keys of all requesters are merged (counts summed, newest timestamp kept) before the lookup.
+  void resolve_counted(const ExchangeFeature& feature, size_t f, FeatureRouting& o) {
+    const int world = comm_.world();
+    if (world == 1) {  // one requester: its keys are distinct already
+      const int32_t n = router_.received_count(f, 0);
+      feature.index->lookup_counted(router_.received(f, 0), router_.received_meta(f, 0), static_cast<size_t>(n),
+                                    o.local_slots.data());
+      feature.index->add_traffic(router_.sent(f, 0), n);
+      return;
+    }
+    merged_keys_.clear();
+    for (int s = 0; s < world; ++s) {
+      const int64_t* k = router_.received(f, s);
+      merged_keys_.insert(merged_keys_.end(), k, k + router_.received_count(f, s));
+    }
+    merged_restore_.resize(merged_keys_.size());
+    key_dedup_.run(merged_keys_.data(), merged_keys_.size(), merged_unique_, merged_restore_.data());
+    merged_meta_.assign(2 * merged_unique_.size(), 0);
+    size_t i = 0;
+    for (int s = 0; s < world; ++s) {
+      const int64_t* meta = router_.received_meta(f, s);
+      for (int32_t j = 0; j < router_.received_count(f, s); ++j, ++i) {
+        int64_t* m = &merged_meta_[2 * static_cast<size_t>(merged_restore_[i])];
+        m[0] += meta[2 * j];
+        m[1] = std::max(m[1], meta[2 * j + 1]);
+      }
+    }
+    merged_slots_.resize(merged_unique_.size());
+    feature.index->lookup_counted(merged_unique_.data(), merged_meta_.data(), merged_unique_.size(),
+                                  merged_slots_.data());
+    size_t dst = 0;
+    i = 0;
+    for (int s = 0; s < world; ++s) {
+      const int32_t n = router_.received_count(f, s);
+      for (int32_t j = 0; j < n; ++j, ++i) o.local_slots[dst + j] = merged_slots_[merged_restore_[i]];
+      feature.index->add_traffic(router_.sent(f, s), n);
+      dst += o.recv_splits[s];
+    }
+  }
+
   void finish(std::chrono::steady_clock::time_point t0) {
     counters_.batches += 1;
     counters_.ns_in_collectives += comm_.ns_waiting() - coll_ns0_;
@@ -320,9 +466,16 @@ class KeyExchange {
 
   ChannelComm comm_;
   bool left_ = false;
+  int64_t evict_every_ = 0;
+  int64_t step_ = 0;
+  bool step_follows_training_ = false;
+  std::atomic<bool> evict_asked_{false};
   bool allocate_;
   KeyRouter router_;
   BatchDedup owner_dedup_;
+  BatchDedup key_dedup_;  // merges the requesters' keys of a counted feature
+  std::vector<int64_t> merged_keys_, merged_unique_, merged_meta_;
+  std::vector<int32_t> merged_restore_, merged_slots_;
   std::vector<int64_t> owner_unique_;
   std::vector<std::vector<int32_t>> restore_;
   uint64_t coll_ns0_ = 0;

@@ -45,6 +45,12 @@ class KeySlotMap {
     return i;
   }
   bool occupied(size_t bucket) const { return slots_[bucket] != kEmpty; }
+  // Brings `key`'s home bucket into cache ahead of a probe.
+  void prefetch(int64_t key) const {
+    const size_t i = mix_key(key) & mask_;
+    __builtin_prefetch(&keys_[i]);
+    __builtin_prefetch(&slots_[i]);
+  }
   int32_t slot_at(size_t bucket) const { return slots_[bucket]; }
   int64_t key_at(size_t bucket) const { return keys_[bucket]; }
 

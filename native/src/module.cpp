@@ -53,6 +53,23 @@ py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool al
   return slots;
 }
 
+shardrec::RowInit row_init(int kind, double a, double b, uint64_t seed, double scale) {
+  shardrec::RowInit init;
+  init.kind = kind;
+  init.a = a;
+  init.b = b;
+  init.seed = seed;
+  init.scale = scale;
+  return init;
+}
+
+// The common length of three arrays that go together, or an error naming them.
+size_t same_length(const py::array& a, const py::array& b, const py::array& c, const char* names) {
+  if (a.size() != b.size() || a.size() != c.size())
+    throw std::invalid_argument(std::string(names) + " must have the same length");
+  return static_cast<size_t>(a.size());
+}
+
 std::shared_ptr<RowStore> shared_store(RowStore* s) {
   return std::shared_ptr<RowStore>(s, [](RowStore* p) { p->unref(); });
 }
@@ -86,8 +103,19 @@ void write_rows(RowStore& store, int c, CArray<int32_t> rows, CArray<float> valu
 
 // One batch through the exchange. Returns None when some rank is out of data, else per feature
 // (local_slots, expand, recv_splits, restore).
-py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data) {
+py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
+                        py::object timestamps) {
   const size_t nf = fs.features.size();
+  shardrec::BatchTimestamps ts;
+  CArray<int64_t> ts_array;
+  if (has_data && !fs.timestamp_feature.empty()) {
+    if (timestamps.is_none())
+      throw std::invalid_argument("feature set has is_timestamp feature '" + fs.timestamp_feature +
+                                  "': its timestamps must come with every batch");
+    ts_array = timestamps.cast<CArray<int64_t>>();
+    ts.ts = ts_array.data();
+    ts.samples = static_cast<size_t>(ts_array.size());
+  }
   std::vector<py::array> arrays;
   std::vector<shardrec::RouterInput> in;
   if (has_data) {
@@ -108,7 +136,7 @@ py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& k
   bool ok;
   {
     py::gil_scoped_release nogil;
-    ok = ex.run(fs, in, has_data, out);
+    ok = ex.run(fs, in, has_data, out, ts);
   }
   if (!ok) return py::none();
   py::list result;
@@ -136,13 +164,7 @@ PYBIND11_MODULE(core, m) {
   py::class_<RowStore, std::shared_ptr<RowStore>>(m, "RowStore")
       .def(py::init([](const std::string& name, int64_t dim, int64_t rows, int64_t memory_limit, int kind, double a,
                        double b, uint64_t seed, double scale) {
-             shardrec::RowInit init;
-             init.kind = kind;
-             init.a = a;
-             init.b = b;
-             init.seed = seed;
-             init.scale = scale;
-             return shared_store(new RowStore(name, dim, rows, memory_limit, init));
+             return shared_store(new RowStore(name, dim, rows, memory_limit, row_init(kind, a, b, seed, scale)));
            }),
            py::arg("name"), py::arg("dim"), py::arg("rows"), py::arg("memory_limit"), py::arg("init_kind"),
            py::arg("init_a"), py::arg("init_b"), py::arg("seed"), py::arg("scale"),
@@ -158,6 +180,13 @@ PYBIND11_MODULE(core, m) {
                              "Bytes of one row in use: values, every slot column, metadata.")
       .def_property_readonly("memory_limit", &RowStore::memory_limit, "Bytes of rows in use at most (0: none).")
       .def("add_column", &RowStore::add_column, py::arg("init"), "A slot column; returns its number.")
+      .def(
+          "set_init",
+          [](RowStore& s, int kind, double a, double b, uint64_t seed, double scale) {
+            s.set_init(row_init(kind, a, b, seed, scale));
+          },
+          py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"), py::arg("seed"), py::arg("scale"),
+          "How rows drawn from now on start (rows taken again after an eviction included).")
       .def(
           "ensure_rows",
           [](RowStore& s, int64_t n) {
@@ -207,6 +236,109 @@ PYBIND11_MODULE(core, m) {
             index.clear();
           },
           "Forgets every key (the map keeps room for the whole shard).")
+      .def("set_admission", &EmbeddingIndex::set_admission, py::arg("access_threshold"),
+           py::arg("eviction_threshold"), "-1 turns either off.")
+      .def_property_readonly("access_threshold", &EmbeddingIndex::access_threshold)
+      .def_property_readonly("eviction_threshold", &EmbeddingIndex::eviction_threshold)
+      .def_property("newest", &EmbeddingIndex::newest, &EmbeddingIndex::observe_newest,
+                    "The newest data timestamp seen (-1 none); setting it keeps the larger.")
+      .def("pending", &EmbeddingIndex::pending, "Keys counting towards admission (no row yet).")
+      .def("held_back", &EmbeddingIndex::held_back, "Evicted rows not yet free (batches in flight may use them).")
+      .def(
+          "lookup_counted",
+          [](EmbeddingIndex& index, CArray<int64_t> keys, CArray<int64_t> counts, CArray<int64_t> timestamps) {
+            const size_t n = same_length(keys, counts, timestamps, "keys, counts and timestamps");
+            std::vector<int64_t> meta(2 * n);
+            for (size_t i = 0; i < n; ++i) {
+              meta[2 * i] = counts.data()[i];
+              meta[2 * i + 1] = timestamps.data()[i];
+            }
+            py::array_t<int32_t> slots(static_cast<py::ssize_t>(n));
+            {
+              py::gil_scoped_release nogil;
+              index.lookup_counted(keys.data(), meta.data(), n, slots.mutable_data());
+            }
+            return slots;
+          },
+          py::arg("keys"), py::arg("counts"), py::arg("timestamps"),
+          "A training lookup with admission: unique keys, their occurrences and newest timestamps.")
+      .def("begin_step", &EmbeddingIndex::begin_step, py::arg("step"),
+           "Starts the journal of a training step (the exchange calls it before the step's eviction and lookups).")
+      .def(
+          "evict",
+          [](EmbeddingIndex& index, int64_t step) {
+            py::gil_scoped_release nogil;
+            return index.evict(step);
+          },
+          py::arg("step"))
+      .def(
+          "release_evicted",
+          [](EmbeddingIndex& index, int64_t trained_step) {
+            py::gil_scoped_release nogil;
+            return index.release_evicted(trained_step);
+          },
+          py::arg("trained_step"), "Frees rows evicted at steps <= trained_step.")
+      .def(
+          "read_metadata",
+          [](const EmbeddingIndex& index, CArray<int32_t> slots) {
+            const size_t n = static_cast<size_t>(slots.size());
+            py::array_t<uint32_t> counts(static_cast<py::ssize_t>(n));
+            py::array_t<int64_t> last_seen(static_cast<py::ssize_t>(n));
+            {
+              py::gil_scoped_release nogil;
+              index.read_metadata(slots.data(), n, counts.mutable_data(), last_seen.mutable_data());
+            }
+            return py::make_tuple(counts, last_seen);
+          },
+          py::arg("slots"), "(counts, last-seen timestamps) of rows from export().")
+      .def(
+          "write_metadata",
+          [](EmbeddingIndex& index, CArray<int32_t> slots, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
+            const size_t n = same_length(slots, counts, last_seen, "slots, counts and last_seen");
+            py::gil_scoped_release nogil;
+            index.write_metadata(slots.data(), n, counts.data(), last_seen.data());
+          },
+          py::arg("slots"), py::arg("counts"), py::arg("last_seen"))
+      .def(
+          "export_as_of",
+          [](const EmbeddingIndex& index, int64_t step) {
+            shardrec::AdmissionState a;
+            {
+              py::gil_scoped_release nogil;
+              a = index.export_as_of(step);
+            }
+            py::dict d;
+            d["keys"] = to_numpy(a.keys);
+            d["slots"] = to_numpy(a.slots);
+            d["counts"] = to_numpy(a.counts);
+            d["last_seen"] = to_numpy(a.last_seen);
+            d["pending_keys"] = to_numpy(a.pending.keys);
+            d["pending_counts"] = to_numpy(a.pending.counts);
+            d["pending_last_seen"] = to_numpy(a.pending.last_seen);
+            d["newest"] = a.newest;
+            d["exact"] = a.exact;
+            return d;
+          },
+          py::arg("step"),
+          "Every key as of training step `step` (batches looked up ahead of it undone): keys, slots (row order), "
+          "counts, last_seen, pending_keys/counts/last_seen, newest, exact.")
+      .def("export_pending",
+           [](const EmbeddingIndex& index) {
+             shardrec::PendingKeys p;
+             {
+               py::gil_scoped_release nogil;
+               p = index.export_pending();
+             }
+             return py::make_tuple(to_numpy(p.keys), to_numpy(p.counts), to_numpy(p.last_seen));
+           })
+      .def(
+          "import_pending",
+          [](EmbeddingIndex& index, CArray<int64_t> keys, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
+            const size_t n = same_length(keys, counts, last_seen, "keys, counts and last_seen");
+            py::gil_scoped_release nogil;
+            index.import_pending(keys.data(), counts.data(), last_seen.data(), n);
+          },
+          py::arg("keys"), py::arg("counts"), py::arg("last_seen"))
       .def("export", [](const EmbeddingIndex& index) {
         std::vector<int64_t> keys;
         std::vector<int32_t> slots;
@@ -224,22 +356,28 @@ PYBIND11_MODULE(core, m) {
         d["inserted"] = c.inserted;
         d["missed"] = c.missed;
         d["erased"] = c.erased;
+        d["admitted"] = c.admitted;
+        d["rejected"] = c.rejected;
+        d["evicted"] = c.evicted;
+        d["evicted_pending"] = c.evicted_pending;
+        d["reused"] = c.reused;
         return d;
       });
 
   py::class_<FeatureSet>(m, "FeatureSet")
       .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
                        const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
-                       std::string description) {
+                       std::string description, std::string timestamp_feature) {
              const size_t n = names.size();
              if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n)
                throw std::invalid_argument("names, indexes, send_counts and int32_keys need one entry per feature");
              std::vector<shardrec::ExchangeFeature> features;
              for (size_t f = 0; f < n; ++f)
                features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f]});
-             return new FeatureSet(std::move(features), std::move(description));
+             return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
            }),
            py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
+           py::arg("timestamp_feature") = "",
            py::keep_alive<1, 3>(),
            "The features of one insert function, in the order every rank uses; `description` (a line per "
            "feature) is what the ranks compare.")
@@ -277,11 +415,23 @@ PYBIND11_MODULE(core, m) {
           "At exit: every peer's pending or next round on this channel sees this rank out of data.")
       .def("restart", &KeyExchange::restart,
            "Runs again after an error, unless a round timed out (init() calls it on every rank).")
-      .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"))
+      .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"),
+           py::arg("timestamps") = py::none(), "timestamps: the batch's is_timestamp values (int64, one per sample).")
+      .def("set_eviction", &KeyExchange::set_eviction, py::arg("step_interval"),
+           "Evict every step_interval training steps (0: never).")
+      .def("set_step", &KeyExchange::set_step, py::arg("step"),
+           "The training step the next batch follows: the global step a session starts or resumes at.")
+      .def_property_readonly("step", &KeyExchange::step, "Training steps whose batches were exchanged.")
+      .def_property_readonly("step_follows_training", &KeyExchange::step_follows_training,
+                             "Whether set_step numbered the steps from a global step.")
+      .def("request_eviction", &KeyExchange::request_eviction, "The next round evicts on every rank.")
       .def("counters", [](const KeyExchange& ex) {
         const auto c = ex.counters();
         py::dict d;
         d["batches"] = c.batches;
+        d["evictions"] = c.evictions;
+        d["evicted_rows"] = c.evicted_rows;
+        d["last_eviction_step"] = c.last_eviction_step;
         d["seconds_in_collectives"] = c.ns_in_collectives * 1e-9;
         d["seconds_total"] = c.ns_total * 1e-9;
         return d;

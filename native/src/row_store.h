@@ -158,11 +158,18 @@ class RowStore {
     }
   }
 
-  // A freed row taken again: fresh initial values, fresh slots and metadata.
+  // How rows drawn from now on start (a table of fixed size that evicts: its freed rows are drawn again).
+  void set_init(const RowInit& init) {
+    std::lock_guard<std::mutex> g(mu_);
+    init_ = init;
+  }
+
+  // A freed row taken again: fresh initial values, fresh slots and metadata. A generator that
+  // costs nothing to seed: after an eviction, rows are taken again by the hundred thousand, and
+  // seeding a Mersenne Twister for each cost more than the rest of the lookup.
   void reset_row(int64_t r) {
     float* v = columns_[0] + r * dim_;
-    std::mt19937_64 gen(mix(init_.seed ^ 0x5bd1e995ULL, static_cast<uint64_t>(r) + 0x9e3779b97f4a7c15ULL *
-                                                                                      (++reuse_epoch_)));
+    SplitMix gen{mix(init_.seed ^ 0x5bd1e995ULL, static_cast<uint64_t>(r) + 0x9e3779b97f4a7c15ULL * (++reuse_epoch_))};
     draw(gen, v, dim_);
     for (int c = 1; c < n_columns_; ++c) std::fill(columns_[c] + r * dim_, columns_[c] + (r + 1) * dim_, column_init_[c]);
     counts_[r] = 0;
@@ -237,7 +244,22 @@ class RowStore {
     draw(gen, columns_[0] + begin * dim_, (end - begin) * dim_);
   }
 
-  void draw(std::mt19937_64& gen, float* out, int64_t n) const {
+  // splitmix64 as a UniformRandomBitGenerator.
+  struct SplitMix {
+    using result_type = uint64_t;
+    uint64_t state;
+    static constexpr result_type min() { return 0; }
+    static constexpr result_type max() { return UINT64_MAX; }
+    result_type operator()() {
+      uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      return z ^ (z >> 31);
+    }
+  };
+
+  template <typename Gen>
+  void draw(Gen& gen, float* out, int64_t n) const {
     switch (init_.kind) {
       case RowInit::kUniform: {
         std::uniform_real_distribution<double> d(init_.a, init_.b);
@@ -291,7 +313,7 @@ class RowStore {
   const int64_t rows_;
   int64_t reserved_rows_;
   const int64_t memory_limit_;
-  const RowInit init_;
+  RowInit init_;
   float* columns_[kMaxColumns] = {};
   float column_init_[kMaxColumns] = {};
   int n_columns_ = 0;

@@ -5,9 +5,9 @@ The rows of one lookup are distinct (the key pipeline dedups them on the owner),
 that comes from a single lookup goes straight to the update; one summed over several lookups of a
 table may repeat rows and goes through TensorFlow's dedup (unique + segment sum) first.
 
-The sentinel row (what ids with no row read) only ever gets zero gradients: padding rows are never
-gathered back into the batch, and serving defaults replace rows with tf.where. Every optimizer here
-maps a zero gradient on a zero row to a zero row, so the sentinel stays zero with no masking.
+The sentinel row (what ids with no row read: keys not admitted yet, unknown keys at evaluation,
+padding) gets gradients too (a key waiting for admission reads it in training); the fused kernels
+never update it, so it stays zero.
 """
 import numpy as np
 import tensorflow as tf

@@ -1,6 +1,5 @@
 """Sparse SGD: row -= lr * grad, for looked-up rows only: one fused pass over a lookup's distinct
-rows; a gradient with repeated rows (summed over lookups) goes to TensorFlow's scatter-add, which
-sums them by itself."""
+rows; a gradient with repeated rows (summed over lookups) is deduplicated first."""
 import tensorflow as tf
 
 from .. import native_ops
@@ -13,7 +12,10 @@ class SparseGradientDescent(SparseOptimizerMixin, _SGD):
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         if _comes_from_one_lookup(indices):
             return self._resource_apply_sparse(grad, handle, indices)
-        return _SGD._resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs)
+        # Repeated rows summed (TensorFlow's dedup), then the fused kernel, which leaves the
+        # sentinel row alone (TensorFlow's scatter-add would move it).
+        return tf.compat.v1.train.Optimizer._resource_apply_sparse_duplicate_indices(self, grad, handle, indices,
+                                                                                     **kwargs)
 
     def _resource_apply_sparse(self, grad, var, indices):
         lr = tf.cast(self._learning_rate_tensor, var.dtype.base_dtype)

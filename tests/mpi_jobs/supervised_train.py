@@ -7,7 +7,8 @@ tables and the dense weights to OUT_DIR/final-rank<r>.npz.
 
 FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt only, SIGKILL or
 SIGSTOP itself or raise, once the given step is done (tests only). STEP_DELAY_S slows every step
-down, for tests that act on the job from outside while it runs.
+down, for tests that act on the job from outside while it runs. ACCESS_THRESHOLD sets the feature's
+access_threshold (default -1: no admission).
 """
 import os
 import signal
@@ -57,7 +58,7 @@ def main(checkpoint_dir, out_dir):
     local = GLOBAL_BATCH // size
     mine = slice(rank * local, (rank + 1) * local)
     dataset = tf.data.Dataset.from_tensor_slices({"ids": ids[start:, mine], "y": y[start:, mine]})
-    spec = FeatureSpec("ids", table_name="emb")
+    spec = FeatureSpec("ids", table_name="emb", access_threshold=int(os.environ.get("ACCESS_THRESHOLD", "-1")))
     dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(2)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1),
