@@ -113,10 +113,10 @@ def pending_lookup(hashtable, ids, is_train, name, access_and_evict_config):
         raise TypeError(f"sparse_lookup {lookup_name!r}: ids must be int32 or int64, got {ids.dtype.name}")
     get_next, between = _trace_to_iterator(lookup_name, ids)
     thresholds = access_and_evict_config or {}
-    if is_train and (thresholds.get("eviction_threshold") if thresholds.get("eviction_threshold") is not None
-                     else -1) >= 0:
+    eviction = thresholds.get("eviction_threshold")
+    if is_train and eviction is not None and eviction >= 0:
         raise ValueError(f"sparse_lookup {lookup_name!r}: access_and_evict_config['eviction_threshold'] = "
-                         f"{thresholds['eviction_threshold']} measures ages in the data's timestamps, which graph "
+                         f"{eviction} measures ages in the data's timestamps, which graph "
                          "modification has no timestamp feature to read; evict in FeatureSpec mode (a "
                          "FeatureSpec(..., is_timestamp=True) among get_asc_insert_func's specs), or set "
                          "eviction_threshold=-1 (admission by access_threshold works here)")
