@@ -28,4 +28,20 @@ args=(-np "$np" "${hostfile[@]}")
 for var in PATH PYTHONPATH LD_LIBRARY_PATH TF_CPP_MIN_LOG_LEVEL SHARDREC_EXCHANGE_TIMEOUT_S ${SHARDREC_FORWARD:-}; do
   [ -n "${!var+x}" ] && args+=(-x "$var")
 done
-exec "$mpiexec" "${args[@]}" "$@"
+# Open MPI's session files go to a directory of this launch's own, removed at the end: a job killed
+# hard leaves its rendezvous files behind, and a later mpiexec that gets the same PID (they are
+# reused) then cannot start ("The PMIx server's listener thread failed to start").
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardrec-mpi-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+TMPDIR="$tmp" "$mpiexec" "${args[@]}" "$@" <&0 &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+set +e
+wait "$child"
+code=$?
+# A trapped signal ends `wait` early: wait for mpiexec itself to finish stopping the ranks.
+while kill -0 "$child" 2>/dev/null; do
+  wait "$child"
+  code=$?
+done
+exit "$code"

@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -134,6 +135,11 @@ class Attempt:
                                                          heartbeat.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
             env[heartbeat.RESUME_ENV] = self.resume_from
+        # Open MPI's session files in a directory of this attempt's own, removed when it ends: a killed
+        # attempt leaves its rendezvous files behind, and a later mpiexec that gets the same PID (they
+        # are reused; 32768 of them here) cannot start ("The PMIx server's listener thread failed").
+        self.tmp = tempfile.mkdtemp(prefix="shardrec-mpi-")
+        env["TMPDIR"] = self.tmp
         cmd = self.command()
         with open(os.path.join(self.dir, "command.json"), "w") as f:
             json.dump({"command": cmd, "resume_from": self.resume_from}, f, indent=1)
@@ -147,6 +153,7 @@ class Attempt:
         finally:
             self.stop()
             reader.join(timeout=10)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         return outcome
 
     def _split_output(self):

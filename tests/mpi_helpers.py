@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 INIT_DEFAULTS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
                  "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
@@ -18,7 +19,10 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None):
     env = dict(inherited, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [launcher, "--oversubscribe", "-np", str(nprocs), sys.executable, os.path.join(JOBS, job) if not os.path.isabs(job) else job, *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    # Open MPI's session files in a directory of this run's own (see launch/mpirun.sh): a run killed
+    # by a test must not leave files that a later mpiexec with the same PID trips over.
+    with tempfile.TemporaryDirectory(prefix="shardrec-mpi-") as tmp:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(env, TMPDIR=tmp), cwd=cwd)
 
 
 def check(proc):
