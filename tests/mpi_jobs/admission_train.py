@@ -140,6 +140,11 @@ def main():
             in_use.append(table.capacity())
         if a.mode == "evict_time" and step == SLEEP_AFTER:
             time.sleep(TIME_INTERVAL + 0.5)
+    if a.mode != "churn" and stop < STEPS:
+        # The save below must find batches looked up beyond its step: let the prefetch get there.
+        deadline = time.monotonic() + 60
+        while exchange.step <= stop and time.monotonic() < deadline:
+            time.sleep(0.01)
     looked_up = exchange.step  # training steps whose batches the pipeline has looked up
     export = table.export(raw)
     counts, last_seen = table.index.read_metadata(table.index.export()[1])
