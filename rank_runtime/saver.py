@@ -361,7 +361,8 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
                 raise CheckpointError(f"{path}: has no table {table.table_name!r}; it has "
                                       f"{sorted(manifests[r]['tables'])}")
             _check_layout(path, table, entry, values_only)
-            for name in ["keys", "values"] + ([] if values_only else sorted(table.slots)) + _admission_files(table, entry):
+            admission = _admission_files(path, table, entry)
+            for name in ["keys", "values"] + ([] if values_only else sorted(table.slots)) + admission:
                 reads[(table.table_name, r, name)] = (shards[r], entry["files"][name],
                                                       f"table {table.table_name!r} {name}")
     # Reading and checksumming release the GIL: the files of a checkpoint are read side by side.
@@ -401,12 +402,19 @@ def _read_tables(save_path, tables, values_only=False, check_dense=False):
     return out
 
 
-def _admission_files(table, entry):
+def _admission_files(manifest_path, table, entry):
     """The admission arrays to read for `table` from a shard's manifest entry (none when the table
-    does not count, or the checkpoint has none)."""
+    does not count, or the checkpoint has none). A damaged entry is a CheckpointError, which every
+    rank learns of, not a KeyError on one rank while the others wait for it."""
     if table.thresholds is None or not table.thresholds.counts or "admission" not in entry:
         return []
-    return ["counts", "last_seen", *PENDING]
+    names = ["counts", "last_seen", *PENDING]
+    admission, files = entry["admission"], entry.get("files")
+    if not isinstance(admission, dict) or not isinstance(admission.get("newest", -1), int) or \
+            not isinstance(files, dict) or any(n not in files for n in names):
+        raise CheckpointError(f"{manifest_path}: table {table.table_name!r} has a damaged admission entry (it needs "
+                              f"an integer 'newest' and the files {names}); the checkpoint cannot be restored")
+    return names
 
 
 def _admission_of(table, needed, manifests, loaded, cfg, saved_size, n_keys):

@@ -2,6 +2,7 @@
 model of the stream (admission_oracle.py), on real 2-rank runs (tests/mpi_jobs/admission_train.py),
 with a restore between two evictions into 1, 2 and 3 ranks; the held-back rows of an eviction; and
 the errors of combinations that cannot work."""
+import os
 import shutil
 import sys
 
@@ -378,6 +379,29 @@ def test_restored_checkpoint_without_counts_admits_its_keys(tmp_path):
             # Restored keys read their rows at once, though their count is below the threshold.
             out = run_all(sess, iterator, emb)
             np.testing.assert_array_equal(np.concatenate(out), 1.0)
+        config.terminate_config_initializer()
+
+
+def test_a_damaged_admission_entry_is_refused_with_the_manifest_named(tmp_path):
+    import json
+
+    from shardrec.rank_runtime import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.saver import Saver
+
+    ids = np.array([[1, 1], [1, 2], [2, 3], [4, 1]], np.int64)
+    path, _ = _saved(tmp_path, 3, ids)
+    manifest = os.path.join(fmt.sparse_dir(path), fmt.shard_name(0, 1), fmt.MANIFEST)
+    with open(manifest) as f:
+        content = json.load(f)
+    del content["tables"]["t"]["files"]["pending_counts"]
+    with open(manifest, "w") as f:
+        json.dump(content, f)
+    with tf.Graph().as_default():
+        _small_graph(3, ids)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(fmt.CheckpointError, match=r"MANIFEST.json: table 't' has a damaged admission entry"):
+                saver.restore(sess, path)
         config.terminate_config_initializer()
 
 
