@@ -165,10 +165,13 @@ def tfra_horovod(dataset, dim, optimizer, capacity):
     return de.DynamicEmbeddingOptimizer(base).minimize(_loss(emb)), lambda sess: None
 
 
-def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100):
+def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, prefetch=4, memory_fraction=None,
+             ssd_path=None):
     """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer. faae: feature
     admission (access_threshold 2) and eviction (keys unseen for 20 steps, every `evict_every`
-    steps by EvictHook; 0: admission alone), the timestamps being the step numbers."""
+    steps by EvictHook; 0: admission alone), the timestamps being the step numbers.
+    memory_fraction: an SSD tier under `ssd_path` for every key, below a memory budget of that
+    fraction of them (device and host vocabulary in halves)."""
     from mx_rec.core.feature_process import EvictHook
     from mx_rec.optimizers import gradient_descent, lazy_adam
     from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
@@ -177,10 +180,15 @@ def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100):
     thresholds = {"access_threshold": 2, "eviction_threshold": 20} if faae else {}
     spec = FeatureSpec("ids", table_name="emb", **thresholds)
     specs = [spec, FeatureSpec("ts", is_timestamp=True)] if faae else [spec]
-    dataset = dataset.map(get_asc_insert_func(specs, is_training=True)).prefetch(4)
+    dataset = dataset.map(get_asc_insert_func(specs, is_training=True)).prefetch(prefetch)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    tiers = dict(device_vocabulary_size=capacity)
+    if memory_fraction:
+        memory = max(2, int(capacity * memory_fraction))
+        tiers = dict(device_vocabulary_size=memory // 2, host_vocabulary_size=memory - memory // 2,
+                     ssd_vocabulary_size=capacity, ssd_data_path=[ssd_path])
     table = create_table(tf.int64, dim, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
-                         device_vocabulary_size=capacity)
+                         **tiers)
     emb = sparse_lookup(table, spec, batch=batch)
     _, sparse = get_dense_and_sparse_variable()
     opt = (gradient_descent.create_hash_optimizer(LR) if optimizer == "sgd"

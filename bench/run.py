@@ -9,8 +9,10 @@ versions are written next to the figures.
 import argparse
 import datetime
 import json
+import mmap
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -43,15 +45,16 @@ PEER_NOTES = {
 SHARED_CORES = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "HOROVOD_CYCLE_TIME": "0.2"}
 
 
-def run(cmd, ranks=1, timeout=900, bind_to_core=False):
-    env = ENV
+def run(cmd, ranks=1, timeout=900, bind_to_core=False, env=None):
+    """`env`: variables added to the benchmark's own (ENV)."""
+    env = dict(ENV, **(env or {}))
     if bind_to_core:
         # A core per rank, nothing shared: at most as many ranks as cores.
         cmd = [MPIEXEC, "--bind-to", "core", "-np", str(ranks)] + cmd
-        env = dict(ENV, **SHARED_CORES)
+        env = dict(env, **SHARED_CORES)
     elif ranks > 1:
         cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
-        env = dict(ENV, **SHARED_CORES)
+        env = dict(env, **SHARED_CORES)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -149,6 +152,73 @@ def admission(short, repeats):
              "peer_value": base, "table": counters[name],
              "note": f"{name}; table at the end: " + ", ".join(f"{k} {v}" for k, v in counters[name].items())}
             for name in variants if name != "neither"]
+
+
+def disk_speed(directory):
+    """The disk under `directory`: sequential direct reads (MB/s) and random 4 KiB direct reads
+    (IOPS), of a 256 MiB file written there; what an SSD row read costs when not in the page cache."""
+    path = os.path.join(directory, "shardrec-disk-speed.bin")
+    size = 256 * 2**20
+    try:
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+            os.fsync(f.fileno())
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = mmap.mmap(-1, 2**20)
+            start = time.perf_counter()
+            for offset in range(0, size, 2**20):
+                os.preadv(fd, [buf], offset)
+            sequential = size / (time.perf_counter() - start) / 1e6
+            page, rng, reads = mmap.mmap(-1, 4096), random.Random(1), 3000
+            start = time.perf_counter()
+            for _ in range(reads):
+                os.preadv(fd, [page], rng.randrange(size // 4096) * 4096)
+            iops = reads / (time.perf_counter() - start)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(path)
+    return {"sequential_mb_per_s": round(sequential), "random_4k_iops": round(iops)}
+
+
+def tiers(short, repeats):
+    """The sparse step with an SSD tier (issue 14): 10% and 1% of the keys in memory against every key in
+    memory, dim 16, lazy Adam, batches of 256 x 26 ids (1600 distinct batches, 1.17M distinct keys; the
+    budget must hold the batches in flight), prefetch 1 for all three, timed after one full pass (steady
+    state: every key has a row). Both swap policies are run (SHARDREC_SWAP_POLICY); the SSD bytes read per
+    step are set against the disk's own speed."""
+    common = ["bench/sparse_step.py", "--peer", "shardrec", "--dim", "16", "--optimizer", "lazy_adam", "--batch", "256",
+              "--prefetch", "1"] + (["--batches", "1600", "--warmup", "400", "--steps", "200"] if short else
+                                    ["--batches", "1600", "--warmup", "1600", "--steps", "400"])
+    variants = {"all in memory": ([], None), "10% in memory (lfu)": (["--memory-fraction", "0.1"], "lfu"),
+                "1% in memory (lfu)": (["--memory-fraction", "0.01"], "lfu"),
+                "10% in memory (lru)": (["--memory-fraction", "0.1"], "lru"),
+                "1% in memory (lru)": (["--memory-fraction", "0.01"], "lru")}
+    samples, details = {}, {}
+    for _ in range(repeats):
+        for name, (flags, policy) in variants.items():
+            log(f"sparse step: shardrec dim 16 lazy_adam, {name}")
+            env = {"SHARDREC_SWAP_POLICY": policy} if policy else None
+            out = json_line(run([sys.executable] + common + flags, env=env))
+            samples.setdefault(name, []).append(out["ids_per_s"])
+            details[name] = out.get("tiers")
+    disk = disk_speed(tempfile.gettempdir())
+    base = statistics.median(samples["all in memory"])
+    rows = []
+    for name in variants:
+        if name == "all in memory":
+            continue
+        t = details[name]
+        rows.append({"workload": "sparse_step_tiers", "dim": 16, "optimizer": "lazy_adam", "ranks": 1,
+                     "peer": "shardrec, all in memory", "unit": "ids/s", "shardrec": statistics.median(samples[name]),
+                     "peer_value": base, "tiers": t, "disk": disk,
+                     "note": f"{name}; memory hit ratio {t['memory_hit_ratio']:.2f}, {t['rows_in_per_step']:.0f} rows "
+                             f"in and {t['rows_out_per_step']:.0f} out per step, SSD read "
+                             f"{t['ssd_bytes_read_per_step'] / 1e3:.0f} kB/step ({t['ssd_read_mb_per_s']:.0f} MB/s) "
+                             f"against the disk's {disk['sequential_mb_per_s']} MB/s sequential, "
+                             f"{disk['random_4k_iops']} random 4 KiB reads/s"})
+    return rows
 
 
 def end_to_end(short, repeats):
@@ -308,7 +378,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
+    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + tiers(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
         exchange_only(args.short) + \
         memory(args.short) + checkpoint(args.short)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),

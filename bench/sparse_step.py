@@ -1,6 +1,7 @@
 """Sparse step throughput: ids/s of lookup + forward + backward + update, one peer per process.
 
     python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40] [--faae]
+    python bench/sparse_step.py --peer shardrec --memory-fraction 0.1 [--ssd-path DIR]   (an SSD tier)
     mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
 
 Prints one JSON line: {"peer", "dim", "optimizer", "ranks", "ids_per_s" (median of windows), ...}.
@@ -8,7 +9,9 @@ Prints one JSON line: {"peer", "dim", "optimizer", "ranks", "ids_per_s" (median 
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -34,6 +37,10 @@ def main(argv=None):
     p.add_argument("--faae", action="store_true",
                    help="shardrec: admission (threshold 2) and eviction (peers.shardrec)")
     p.add_argument("--evict-every", type=int, default=100, help="with --faae: steps between evictions (0: none)")
+    p.add_argument("--prefetch", type=int, default=4, help="shardrec: batches the key pipeline runs ahead")
+    p.add_argument("--memory-fraction", type=float, default=0.0,
+                   help="shardrec: an SSD tier, with this fraction of the keys in memory (0: every key in memory)")
+    p.add_argument("--ssd-path", default=None, help="with --memory-fraction: where the SSD files go (default: /tmp)")
     p.add_argument("--trace-steps", type=int, default=0,
                    help="shardrec: traced steps after the timed ones, for the row all-to-all's share of a step")
     args = p.parse_args(argv)
@@ -54,10 +61,16 @@ def main(argv=None):
     dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
-    if args.faae and args.peer != "shardrec":
-        p.error("--faae is shardrec's")
-    op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity,
-                                       **({"faae": True, "evict_every": args.evict_every} if args.faae else {}))
+    if (args.faae or args.memory_fraction) and args.peer != "shardrec":
+        p.error("--faae and --memory-fraction are shardrec's")
+    extra = {"faae": True, "evict_every": args.evict_every} if args.faae else {}
+    ssd_dir = None
+    if args.peer == "shardrec":
+        extra["prefetch"] = args.prefetch
+        if args.memory_fraction:
+            ssd_dir = tempfile.mkdtemp(prefix="shardrec-bench-ssd-", dir=args.ssd_path)
+            extra.update(memory_fraction=args.memory_fraction, ssd_path=ssd_dir)
+    op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity, **extra)
     shares = {}
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -66,6 +79,7 @@ def main(argv=None):
             step()
         per_window = max(1, args.steps // args.windows)
         rates = []
+        tiers_before = _tier_counters(args)
         exchange_before, timed_start = _exchange_counters(args.peer), time.perf_counter()
         for _ in range(args.windows):
             start = time.perf_counter()
@@ -79,6 +93,8 @@ def main(argv=None):
             shares["key_exchange_share"] = (after["seconds_total"] - exchange_before["seconds_total"]) / wall
             shares["key_collectives_share"] = (after["seconds_in_collectives"] -
                                                exchange_before["seconds_in_collectives"]) / wall
+            if tiers_before:
+                shares["tiers"] = _tier_summary(tiers_before, _tier_counters(args), per_window * args.windows, wall)
         if args.trace_steps:
             from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options
 
@@ -94,9 +110,43 @@ def main(argv=None):
 
             shares["table_counters"] = {k: v for k, v in config.get_table("emb").counters().items()
                                         if k in ("admitted", "rejected", "evicted", "reused", "size", "pending")}
+        if ssd_dir:
+            shares["memory_fraction"] = args.memory_fraction
+            shares["swap_policy"] = os.environ.get("SHARDREC_SWAP_POLICY", "default")
         print(json.dumps({"peer": args.peer, "dim": args.dim, "optimizer": args.optimizer, "ranks": size,
                           "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen, **shares}),
               flush=True)
+    if ssd_dir:
+        from shardrec.rank_runtime import config
+
+        config.get_table("emb").ssd.close()
+        _remove(ssd_dir)
+
+
+def _remove(directory):
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _tier_counters(args):
+    if args.peer != "shardrec" or not args.memory_fraction:
+        return {}
+    from shardrec.rank_runtime import config
+
+    return config.get_table("emb").counters()
+
+
+def _tier_summary(before, after, steps, wall):
+    """The timed steps' share of lookups served from memory, and rows and bytes moved per step."""
+    d = {k: after[k] - before[k] for k in ("memory_hits", "ssd_hits", "misses", "swapped_in", "swapped_out",
+                                           "bytes_swapped_in", "bytes_swapped_out")}
+    looked_up = d["memory_hits"] + d["ssd_hits"]
+    return {"memory_hit_ratio": d["memory_hits"] / looked_up if looked_up else 1.0,
+            "rows_in_per_step": d["swapped_in"] / steps, "rows_out_per_step": d["swapped_out"] / steps,
+            "ssd_bytes_read_per_step": d["bytes_swapped_in"] / steps,
+            "ssd_bytes_written_per_step": d["bytes_swapped_out"] / steps,
+            "ssd_read_mb_per_s": d["bytes_swapped_in"] / wall / 1e6, "rows_on_ssd": after["rows_on_ssd"],
+            "rows_in_memory": after["rows_in_memory"], "memory_rows": after["capacity"]}
 
 
 def _exchange_counters(peer):

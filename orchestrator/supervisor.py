@@ -499,13 +499,14 @@ class Supervisor:
         for beat in last.beats.values():
             totals.update(beat.get("tables") or {})
         summary["tables"] = dict(totals)  # keys held by all ranks together, per table
-        admission = {}
-        for beat in last.beats.values():
-            for table, counters in (beat.get("admission") or {}).items():
-                admission.setdefault(table, collections.Counter()).update(counters)
-        if admission:
-            # Admission and eviction counters summed over the ranks, per table.
-            summary["admission"] = {table: dict(c) for table, c in sorted(admission.items())}
+        for kind in ("admission", "tiers"):
+            summed = {}
+            for beat in last.beats.values():
+                for table, counters in (beat.get(kind) or {}).items():
+                    summed.setdefault(table, collections.Counter()).update(counters)
+            if summed:
+                # Admission and eviction counters, and those of the storage tiers, summed over the ranks.
+                summary[kind] = {table: dict(c) for table, c in sorted(summed.items())}
         if self.spec.checkpoint_dir and os.path.isdir(self.spec.checkpoint_dir):
             found = checkpoints.find_checkpoints(self.spec.checkpoint_dir, verify=False)
             summary["checkpoints"] = [c.name for c in found if c.ok]

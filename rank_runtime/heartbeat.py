@@ -110,10 +110,13 @@ def _write(force=False, tick=False, **extra):
         _state["sizes"] = {name: table.size() for name, table in _state["tables"].items()}
         _state["admission"] = {name: table.admission_counters() for name, table in _state["tables"].items()
                                if table.thresholds is not None and table.thresholds.counts}
+        _state["tiers"] = {name: table.ssd.counters(table.index) for name, table in _state["tables"].items()
+                           if table.ssd is not None}
     if _state.get("sizes"):
         beat["tables"] = _state["sizes"]
-    if _state.get("admission"):
-        beat["admission"] = _state["admission"]
+    for kind in ("admission", "tiers"):
+        if _state.get(kind):
+            beat[kind] = _state[kind]
     try:
         import psutil
 

@@ -39,6 +39,7 @@ from .admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from .logs import get_logger, warn_once
 from .routing import FeatureRouting
+from .tiers import check_datasets
 from .validation import check_bool, check_type
 from .world import get_world
 
@@ -114,7 +115,8 @@ class _BatchKeyProcessor:
             size = cfg.size
             empty = np.zeros(0, np.int32)
             return [np.True_] + [a for keys in key_arrays
-                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32))]
+                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32),
+                                           np.zeros(1, np.int32))]
         self.batches += 1
         heartbeat.progress(**{f"{self.channel}_batches": self.batches})
         return [np.False_] + [a for outputs in result for a in outputs]
@@ -254,6 +256,7 @@ def start_asc_pipeline():
                 raise KeyError(f"start_asc_pipeline: feature {spec.name!r} names table {spec.table_name!r}, which "
                                f"does not exist in this graph; tables created so far: {known}")
     configure_tables(state.tables, state.insert_functions)
+    check_datasets(state.tables, state.insert_functions)
     if cfg.size > 1:
         get_world().make_row_exchanges(state.row_exchanges)
     state.pipeline_started = True

@@ -24,7 +24,7 @@ def _distinct_rows_gather_grad(op, grad):
     params_shape = resource_variable_ops.variable_shape(op.inputs[0])
     slots = op.inputs[1]
     values = tf.reshape(grad, tf.concat([tf.shape(slots), params_shape[1:]], 0))
-    return tf.IndexedSlices(values, slots, params_shape), None
+    return tf.IndexedSlices(values, slots, params_shape), None, None
 
 
 def _routing(spec, batch):
@@ -152,7 +152,7 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
         # the sparse optimizers update those rows only, with no dedup of their own. The expand
         # gather's gradient sums the gradients of a row asked for by several ranks.
-        rows = native_ops.variable_row_gather(hashtable.variable, slots)
+        rows = native_ops.variable_row_gather(hashtable.variable, slots, routing.ticket, 0 if is_train else 1)
         hashtable.distinct_slot_tensors.add(slots.ref())
         if not is_grad:
             rows = tf.stop_gradient(rows)

@@ -78,11 +78,15 @@ def store_bind(variable, store, column, initial):
     return load().shardrec_store_bind(variable.handle, initial, store=store.address, column=column)
 
 
-def variable_row_gather(variable, index):
+def variable_row_gather(variable, index, ticket=None, channel=0):
     """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
-    reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`)."""
-    rows = load().shardrec_variable_row_gather(variable.handle, index, dim=int(variable.shape[1]))
-    return rows
+    reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`). `ticket`
+    ([1] int32, the key pipeline's batch on `channel`, 0 train / 1 eval) tells the table's row store
+    that the batch's rows are read (native/src/residency.h)."""
+    if ticket is None:
+        ticket = tf.zeros([1], tf.int32)
+    return load().shardrec_variable_row_gather(variable.handle, index, ticket, dim=int(variable.shape[1]),
+                                               channel=channel)
 
 
 def row_alltoall(rows, splits, exchange, timeout_s, gradient=None):

@@ -19,6 +19,7 @@ class FeatureRouting:
     expand: tf.Tensor       # per received key, its row among `slots` (empty with one rank, dynamic shapes)
     recv_splits: tf.Tensor  # [world size]: rows going out to each requester
     restore: tf.Tensor      # per id of the batch: its row among those that come back
+    ticket: tf.Tensor       # [1]: the batch's number on its table and channel (rows in flight stay in memory)
 
     @staticmethod
     def names():
@@ -26,7 +27,8 @@ class FeatureRouting:
 
     @staticmethod
     def shapes(world_size, ids_per_batch):
-        return {"slots": [None], "expand": [None], "recv_splits": [world_size], "restore": [ids_per_batch]}
+        return {"slots": [None], "expand": [None], "recv_splits": [world_size], "restore": [ids_per_batch],
+                "ticket": [1]}
 
     @staticmethod
     def key(feature, field):

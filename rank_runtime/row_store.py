@@ -52,14 +52,15 @@ def _scalar(value):
         return None
 
 
-def row_init(initializer, table_name, rank):
+def row_init(initializer, table_name, rank, why="with dynamic expansion", per_rank=True):
     """The native draw matching `initializer` for a table with dynamic expansion, or a ValueError
     naming the initializers that have one. Unseeded initializers get a seed from the table name, so
-    that a restarted job draws the same rows; each rank draws its own."""
+    that a restarted job draws the same rows. With dynamic expansion each rank draws its own; with
+    an SSD tier a key's row is drawn from the key (so every rank and rank count draws the same)."""
     kind = type(initializer).__name__
     seed = getattr(initializer, "seed", None)
     seed = zlib.crc32(table_name.encode()) if seed is None else int(seed)
-    seed = seed * 1_000_003 + rank
+    seed = seed * 1_000_003 + (rank if per_rank else 0)
     if isinstance(initializer, (init_ops.Zeros, init_ops_v2.Zeros)) or kind == "Zeros":
         return RowInit(0, 0.0)
     if isinstance(initializer, (init_ops.Ones, init_ops_v2.Ones)) or kind == "Ones":
@@ -72,7 +73,7 @@ def row_init(initializer, table_name, rank):
         return RowInit(2, float(initializer.mean), float(initializer.stddev), seed)
     if kind == "TruncatedNormal":
         return RowInit(3, float(initializer.mean), float(initializer.stddev), seed)
-    raise ValueError(f"create_table({table_name!r}): with dynamic expansion, new rows are drawn by the native core, "
+    raise ValueError(f"create_table({table_name!r}): {why}, new rows are drawn by the native core, "
                      f"which knows these emb_initializers: zeros, ones, a scalar constant, random_uniform, "
                      f"random_normal, truncated_normal (tf.compat.v1 or Keras); got {initializer!r}")
 
@@ -88,10 +89,13 @@ def expanding_rows(dim, table_name):
     return rows, limit
 
 
-def make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank):
-    """(store, rows it may hold): the store of a fixed table (capacity rows) or of one that grows."""
+def make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank, draws_natively=False):
+    """(store, rows it may hold): the store of a fixed table (capacity rows) or of one that grows.
+    draws_natively: a fixed table with an SSD tier, whose rows the native core draws per key."""
     if not expands:
-        return native_core.RowStore(name, dim, capacity + 1, 0, 0, 0.0, 0.0, 0, 1.0), capacity
+        init = row_init(emb_initializer, name, rank, "with an SSD tier", per_rank=False) if draws_natively else RowInit(0)
+        return native_core.RowStore(name, dim, capacity + 1, 0, init.kind, init.a, init.b, init.seed & (2**64 - 1),
+                                    float(init_param) if draws_natively else 1.0), capacity
     init = row_init(emb_initializer, name, rank)
     rows, limit = expanding_rows(dim, name)
     store = native_core.RowStore(name, dim, rows + 1, limit, init.kind, init.a, init.b, init.seed & (2**64 - 1),

@@ -114,14 +114,17 @@ def _checkpoint_ops(table):
 
 def read_table_rows(sess, table):
     """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
-    from the native row store (no session run; `sess` is kept for callers). Keys are taken under
-    the index's lock with their rows, which no step changes while this runs."""
-    keys, rows_at = table.index.export()
-    return {"keys": keys, **_rows_of(table, rows_at)}
+    from the native row store (no session run; `sess` is kept for callers). Keys and rows are taken
+    under one hold of the index's lock: the input pipeline, which may move rows between tiers, waits."""
+    keys, arrays = _snapshot(table, None)[:2]
+    return {"keys": keys, **arrays}
 
 
-def _rows_of(table, rows_at):
-    return {name: table.store.read_rows(column, rows_at) for name, column in table.columns.items()}
+def _snapshot(table, step):
+    """(keys, {column name: rows}, the index's state as of `step` or None) in one native call."""
+    names = list(table.columns)
+    snap = table.index.snapshot([table.columns[n] for n in names], step)
+    return snap["keys"], dict(zip(names, snap["columns"])), snap
 
 
 def _shard_of(table, step):
@@ -130,16 +133,16 @@ def _shard_of(table, step):
     batches looked up beyond it taken back, embedding_index.h; admission/steps.py says when), so
     that a restore at `step` goes on exactly as this run does. step None: the index as it is."""
     if table.thresholds is None or not table.thresholds.counts:
-        keys, rows_at = table.index.export()
+        keys, arrays, _ = _snapshot(table, None)
         return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
-                "optimizers": sorted(table.optimizers), "arrays": _rows_of(table, rows_at)}
-    state = table.index.export_as_of(_NO_STEP if step is None else step)
+                "optimizers": sorted(table.optimizers), "arrays": arrays}
+    keys, arrays, state = _snapshot(table, _NO_STEP if step is None else step)
     if not state["exact"]:
         log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline looked up "
                     "beyond it (more than the index keeps a journal of); a restore counts them twice", table.table_name,
                     step)
-    return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": state["keys"],
-            "optimizers": sorted(table.optimizers), "arrays": _rows_of(table, state["slots"]),
+    return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
+            "optimizers": sorted(table.optimizers), "arrays": arrays,
             "metadata": {"counts": state["counts"], "last_seen": state["last_seen"]},
             "pending": {name: state[name] for name in PENDING},
             "admission": {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
@@ -460,9 +463,15 @@ def _apply_tables(sess, tables, shards):
         used = table.index.size() > 0 or table.index.counters()["inserted"] > 0
         sess.run([init for init, ok in zip(ops.initializers, done) if used or not ok])
         table.index.clear()
-        rows_at = table.index.lookup(keys, allocate=True)
-        for name, rows in arrays.items():
-            table.store.write_rows(table.columns[name], rows_at, np.ascontiguousarray(rows, np.float32))
+        if table.ssd is not None:  # memory first, the rest straight to SSD
+            keys = np.ascontiguousarray(keys, np.int64)
+            rows_at = table.index.place(keys)
+            for name, rows in arrays.items():
+                table.index.write_rows(table.columns[name], keys, rows_at, np.ascontiguousarray(rows, np.float32))
+        else:
+            rows_at = table.index.lookup(keys, allocate=True)
+            for name, rows in arrays.items():
+                table.store.write_rows(table.columns[name], rows_at, np.ascontiguousarray(rows, np.float32))
         if admission is not None:
             table.index.write_metadata(rows_at, np.ascontiguousarray(admission["counts"], np.uint32),
                                        np.ascontiguousarray(admission["last_seen"], np.int64))

@@ -16,6 +16,7 @@ import tensorflow as tf
 from . import config, native_ops
 from .logs import get_logger, warn_once
 from .row_store import make_store
+from .tiers import SsdTier, ssd_paths, swap_policy
 from .validation import check_choice, check_int, check_number, check_type
 from .world import get_world
 
@@ -33,7 +34,7 @@ class EmbeddingTable:
     """One rank's shard of a sparse table."""
 
     def __init__(self, name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                 init_param, is_save, all2all_gradients_op, expands=False, rank=0):
+                 init_param, is_save, all2all_gradients_op, expands=False, rank=0, ssd=None):
         self.table_name = name
         self.key_dtype = key_dtype
         self.dim = dim
@@ -48,7 +49,10 @@ class EmbeddingTable:
         self.thresholds = None
         from ..native import core as native_core  # links MPI: imported once init() has started it
 
-        self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank)
+        # The SSD tier (tiers.SsdTier, or None): the store's rows are then the memory tier.
+        self.ssd = ssd
+        self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank,
+                                      draws_natively=ssd is not None)
         native_ops.register_store(self.store)
         weakref.finalize(self, native_ops.unregister_store, self.store)
         # The key index of a fixed table is sized for all its rows at once (no batch stalls on a
@@ -56,6 +60,10 @@ class EmbeddingTable:
         # too, follows the keys stored rather than the size the table was created with.
         expected = min(capacity, self.store.chunk_rows) if expands else capacity
         self.index = native_core.EmbeddingIndex(name, rows, self.store, expected, expands)
+        if ssd is not None:
+            ssd.attach(self.index, rank)
+            # At exit too: a clean shutdown leaves nothing under ssd_data_path (checkpoints hold every row).
+            weakref.finalize(self, ssd.close)
         self.lookup_count = 0
         # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
         self.distinct_slot_tensors = set()
@@ -93,8 +101,8 @@ class EmbeddingTable:
         return variable
 
     def _make_variable(self, emb_initializer, rows):
-        if self.expands:
-            initial = None  # the native core draws rows as they come into use
+        if self.expands or self.ssd is not None:
+            initial = None  # the native core draws rows as they come into use (or, with an SSD tier, per key)
         else:
             def initial():
                 return emb_initializer([rows + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param,
@@ -127,13 +135,14 @@ class EmbeddingTable:
         return self.index.size()
 
     def capacity(self):
-        """Rows this rank's shard can hold now: its fixed size, or with dynamic expansion the rows
-        in use (they grow a chunk at a time as keys arrive, up to max_rows())."""
+        """Rows this rank's shard can hold in memory now: its fixed size, or with dynamic expansion
+        the rows in use (they grow a chunk at a time as keys arrive, up to max_rows())."""
         return self.store.in_use if self.expands else self.index.capacity
 
     def max_rows(self):
-        """Rows this rank's shard may ever hold (with dynamic expansion: what its memory limit allows)."""
-        return self.index.capacity
+        """Keys this rank's shard may ever hold: with dynamic expansion what its memory limit allows,
+        with an SSD tier its memory rows and its SSD rows."""
+        return self.index.max_keys
 
     def global_size(self, timeout=60.0):
         """Keys held by all ranks together. Every rank must call it at the same point; a lone
@@ -153,6 +162,8 @@ class EmbeddingTable:
                  held_back=self.index.held_back(),
                  index_bytes=self.index.memory_bytes(), value_bytes=store_bytes["values"],
                  slot_bytes=store_bytes["slots"], metadata_bytes=store_bytes["metadata"])
+        if self.ssd is not None:
+            c.update(self.ssd.counters(self.index))
         c["key_bytes_sent"] = 8 * c["keys_sent"]
         c["key_bytes_received"] = 8 * c["keys_received"]
         c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]
@@ -230,16 +241,9 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
         raise ValueError(f"{owner}: ssd_vocabulary_size = {ssd_vocabulary_size} needs host_vocabulary_size > 0")
     if host_vocabulary_size > 0 and cfg.use_dynamic_expansion:
         raise ValueError(f"{owner}: host_vocabulary_size > 0 and dynamic expansion (init(use_dynamic_expansion=True)) "
-                         "cannot be used together")
-    if ssd_data_path is not None:
-        # The Rec SDK's default is (cwd,); a path given explicitly means the SSD tier is intended.
-        paths = (ssd_data_path,) if isinstance(ssd_data_path, str) else ssd_data_path
-        check_type(owner, "ssd_data_path", paths, (list, tuple), "a list of directory paths")
-        for p in paths:
-            check_type(owner, "ssd_data_path", p, str, "a list of directory paths")
-        if ssd_vocabulary_size == 0:
-            warn_once(f"create_table({name!r}): ssd_data_path has no effect with ssd_vocabulary_size=0 (no SSD tier)",
-                      "shardrec.table")
+                         "cannot be used together: a table either grows in memory or has a fixed memory budget "
+                         "with an SSD tier below it")
+    paths = ssd_paths(owner, name, ssd_data_path, ssd_vocabulary_size)
     check_type(owner, "is_save", is_save, bool, "a bool")
     init_param = check_number(owner, "init_param", init_param, -10, 10)
     check_choice(owner, "all2all_gradients_op", all2all_gradients_op, _GRADIENT_OPS)
@@ -252,15 +256,19 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     check_int(owner, "shard_num", shard_num, 1, 1)
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
-    if host_vocabulary_size > 0:
-        raise NotImplementedError(f"{owner}: host_vocabulary_size > 0 is not available yet: shardrec does not "
-                                  "implement the host-memory and SSD tiers yet")
-
-    capacity = math.ceil(device_vocabulary_size / cfg.size)
+    # On a CPU host the device and host tiers are both this process's memory: their sum is the
+    # memory budget, whose rows the kernels read directly (no swap between the two).
+    capacity = math.ceil((device_vocabulary_size + host_vocabulary_size) / cfg.size)
+    ssd = None
+    if ssd_vocabulary_size > 0:
+        ssd = SsdTier(paths, math.ceil(ssd_vocabulary_size / cfg.size), swap_policy())
     table = EmbeddingTable(name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank)
+                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank, ssd)
     cfg.tables[name] = table
-    if table.expands:
+    if ssd is not None:
+        log.info("table %r: dim %d, %d rows per rank in memory (device + host vocabulary) and up to %d on SSD under "
+                 "%s (%d ranks, swap policy %s)", name, dim, capacity, ssd.rows, list(paths), cfg.size, ssd.policy)
+    elif table.expands:
         log.info("table %r: dim %d, grows from 0 rows per rank as keys arrive, up to %d (its memory limit; %d ranks)",
                  name, dim, table.max_rows(), cfg.size)
     else:

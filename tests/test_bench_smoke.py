@@ -48,3 +48,9 @@ def test_short_benchmark_writes_every_row(tmp_path):
     assert admission["admission 2 alone"]["table"]["evicted"] == 0
     for row in admission.values():
         assert row["shardrec"] > 0 and row["peer_value"] > 0 and row["table"]["rejected"] > 0, row
+    tiers = {r["note"].split(";")[0]: r for r in report["rows"] if r["workload"] == "sparse_step_tiers"}
+    assert set(tiers) == {f"{share} in memory ({policy})" for share in ("10%", "1%") for policy in ("lfu", "lru")}
+    for row in tiers.values():
+        assert row["shardrec"] > 0 and row["peer_value"] > 0 and row["disk"]["random_4k_iops"] > 0, row
+        assert row["tiers"]["rows_on_ssd"] > row["tiers"]["rows_in_memory"] > 0, row
+        assert 0 < row["tiers"]["memory_hit_ratio"] < 1 and row["tiers"]["ssd_bytes_read_per_step"] > 0, row

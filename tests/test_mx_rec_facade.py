@@ -42,10 +42,12 @@ def test_facade_objects_are_the_runtime_objects():
     assert init is shardrec.rank_runtime.init
 
 
-def test_capabilities_not_built_yet_refused_by_parameters(runtime):
+def test_host_vocabulary_without_an_ssd_tier_adds_memory_rows(runtime):
+    """On a CPU host the device and host tiers are both memory: their sum is the table's rows."""
     import tensorflow as tf
 
     from shardrec.rank_runtime import create_table
 
-    with pytest.raises(NotImplementedError, match="host-memory and SSD tiers"):
-        create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=100)
+    table = create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(), device_vocabulary_size=30,
+                         host_vocabulary_size=100)
+    assert table.capacity() == 130 and table.max_rows() == 130 and table.ssd is None

@@ -84,13 +84,13 @@ def test_single_rank_exchange_dedups_pads_and_restores():
     index = native.EmbeddingIndex("padded", 100)
     exchange = new_exchange()
     keys = np.array([[5, 6], [5, -2]], np.int64)
-    [(slots, expand, recv, restore)] = exchange.run(one_feature(index, 4), [keys], True)
+    [(slots, expand, recv, restore, _)] = exchange.run(one_feature(index, 4), [keys], True)
     # Padded to send_count=4: three keys and the sentinel; distinct rows, expanded per received key.
     np.testing.assert_array_equal(slots, [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(slots[expand], [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(recv, [4])
     np.testing.assert_array_equal(slots[expand][restore], [0, 1, 0, 2])
-    [(slots, expand, recv, restore)] = exchange.run(one_feature(index), [keys.astype(np.int32)], True)
+    [(slots, expand, recv, restore, _)] = exchange.run(one_feature(index), [keys.astype(np.int32)], True)
     np.testing.assert_array_equal(slots, [0, 1, 2])
     assert expand.size == 0, "one rank, dynamic shapes: the received keys are distinct already"
     np.testing.assert_array_equal(recv, [3])
@@ -113,7 +113,7 @@ def test_static_overflow_error_names_table_ranks_and_send_count():
         exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
     assert "send_count=2" in exchange.stopped
     exchange.restart()
-    [(slots, _, _, restore)] = exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
+    [(slots, _, _, restore, _)] = exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
     assert index.size() == 1
 
 
@@ -132,7 +132,7 @@ def test_eval_exchange_never_allocates():
     index = native.EmbeddingIndex("t", 10)
     insert_batch(index, np.array([4], np.int64))
     exchange = new_exchange("eval", allocate=False)
-    [(slots, _, _, restore)] = exchange.run(one_feature(index), [np.array([4, 8, 4], np.int64)], True)
+    [(slots, _, _, restore, _)] = exchange.run(one_feature(index), [np.array([4, 8, 4], np.int64)], True)
     np.testing.assert_array_equal(slots[restore], [0, index.sentinel, 0])
     assert index.size() == 1
 

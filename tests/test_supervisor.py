@@ -32,6 +32,18 @@ def test_the_summary_sums_the_admission_counters_of_every_rank(tmp_path):
     assert "emb: admitted" in proc.stderr
 
 
+def test_the_summary_sums_the_tier_counters_of_every_rank(tmp_path):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    proc, _, run = train(tmp_path, "tiers", env={"SSD_DIR": str(ssd)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    tiers = summary["tiers"]["emb"]
+    assert tiers["rows_in_memory"] + tiers["rows_on_ssd"] == summary["tables"]["emb"]
+    assert tiers["rows_on_ssd"] > 0 and tiers["swapped_out"] >= tiers["rows_on_ssd"]
+    assert os.listdir(ssd) == [], "a clean shutdown leaves nothing under ssd_data_path"
+
+
 def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference_run):
     proc, out, run = reference_run
     summary = json.loads((run / "summary.json").read_text())

@@ -63,6 +63,7 @@ struct FeatureRouting {
   std::vector<int32_t> expand;       // per received key, its row among local_slots (empty: identity)
   std::vector<int32_t> recv_splits;  // rows going out to each requester
   std::vector<int32_t> restore;      // per id of the batch: its row among those that come back
+  int32_t ticket = 0;                // the batch's ticket on the feature's table (residency.h)
 };
 
 struct ExchangeCounters {
@@ -196,21 +197,28 @@ class KeyExchange {
     if (allocate_) evict_and_observe(fs, all);
 
     router_.exchange(comm_);
-    std::string capacity_error;
+    begin_batch(fs, out);
+    std::string capacity_error, tier_error;
     int64_t full_feature = -1;
     for (size_t f = 0; f < nf; ++f) {
       try {
         resolve(fs.features[f], f, out[f]);
       } catch (const CapacityError& e) {
-        capacity_error = e.what();
+        // A table with an SSD tier explains its own limits (pinned rows, its SSD share, a full disk).
+        (fs.features[f].index->tiered() ? tier_error : capacity_error) = e.what();
+        full_feature = static_cast<int64_t>(f);
+        break;
+      } catch (const std::exception& e) {  // a damaged SSD file: every rank must learn of it too
+        tier_error = e.what();
         full_feature = static_cast<int64_t>(f);
         break;
       }
     }
-    if (allocate_) agree_on_capacity(fs, full_feature);
-    // Unreachable today (eval never allocates; on train the agreement has thrown on every rank);
-    // kept so that a full table can never pass silently if a channel stops agreeing.
-    if (full_feature >= 0) throw ExchangeError(capacity_error);
+    // Eval lookups allocate nothing, but with an SSD tier they move rows and may fail too.
+    if (allocate_ || any_tiered(fs)) agree_on_capacity(fs, full_feature, capacity_error, tier_error);
+    // Unreachable today (the agreement has thrown on every rank); kept so that a full table can
+    // never pass silently if a channel stops agreeing.
+    if (full_feature >= 0) throw ExchangeError(capacity_error + tier_error);
     if (allocate_) ++step_;
     finish(t0);
     return true;
@@ -342,27 +350,57 @@ class KeyExchange {
                           " (every rank stops here)");
   }
 
-  void agree_on_capacity(const FeatureSet& fs, int64_t full_feature) {
+  static bool any_tiered(const FeatureSet& fs) {
+    for (const auto& f : fs.features)
+      if (f.index->tiered()) return true;
+    return false;
+  }
+
+  // Each distinct table of the round starts a batch; its ticket goes with every feature of it.
+  void begin_batch(const FeatureSet& fs, std::vector<FeatureRouting>& out) {
+    const int channel = allocate_ ? 0 : 1;
+    for (size_t f = 0; f < fs.features.size(); ++f) {
+      size_t first = 0;
+      while (fs.features[first].index != fs.features[f].index) ++first;
+      out[f].ticket = first == f ? static_cast<int32_t>(fs.features[f].index->begin_batch(channel)) : out[first].ticket;
+    }
+  }
+
+  // Every rank learns, in the same round, whether any rank's lookup failed: a full table (its
+  // rows in the message), or another error of a tier (each failing rank's own message).
+  void agree_on_capacity(const FeatureSet& fs, int64_t full_feature, const std::string& capacity_error,
+                         const std::string& tier_error) {
     const int world = comm_.world();
-    int64_t mine[3] = {full_feature, 0, 0};
-    if (full_feature >= 0) {
+    constexpr int kW = 4;  // failing feature, rows, memory limit, whether a tier failed
+    int64_t mine[kW] = {tier_error.empty() ? full_feature : -1, 0, 0, tier_error.empty() ? 0 : 1};
+    if (mine[0] >= 0) {
       EmbeddingIndex* index = fs.features[static_cast<size_t>(full_feature)].index;
       // A table that grows stops at its memory limit (or at the most rows an index holds).
       mine[1] = index->expands() ? index->store().in_use() : index->capacity();
       mine[2] = index->expands() ? index->store().memory_limit() : 0;
     }
-    std::vector<int64_t> all(3 * static_cast<size_t>(world));
-    comm_.gather_status(mine, 3, all.data(), "capacity agreement");
+    std::vector<int64_t> all(kW * static_cast<size_t>(world));
+    comm_.gather_status(mine, kW, all.data(), "capacity agreement");
+    bool tier_failed = false;
+    for (int r = 0; r < world; ++r) tier_failed = tier_failed || all[kW * r + 3] != 0;
+    if (tier_failed) {
+      const auto texts = comm_.gather_strings(tier_error, "tier errors");
+      std::string msg;
+      for (size_t r = 0; r < texts.size(); ++r)
+        if (!texts[r].empty())
+          msg += (msg.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + texts[r];
+      throw ExchangeError(msg + " (every rank stops here)");
+    }
     std::string full;
     bool grows = false;
     for (int r = 0; r < world; ++r) {
-      if (all[3 * r] < 0) continue;
-      const auto& f = fs.features[static_cast<size_t>(all[3 * r])];
-      const std::string rows = std::to_string(all[3 * r + 1]);
+      if (all[kW * r] < 0) continue;
+      const auto& f = fs.features[static_cast<size_t>(all[kW * r])];
+      const std::string rows = std::to_string(all[kW * r + 1]);
       full += (full.empty() ? "" : "; ") + std::string("table '") + f.index->name();
-      if (all[3 * r + 2] > 0) {
+      if (all[kW * r + 2] > 0) {
         grows = true;
-        full += "' reached its memory limit of " + std::to_string(all[3 * r + 2]) + " bytes on rank " +
+        full += "' reached its memory limit of " + std::to_string(all[kW * r + 2]) + " bytes on rank " +
                 std::to_string(r) + " (" + rows + " rows in use, reached by feature '" + f.name + "')";
       } else {
         full += "' is full on rank " + std::to_string(r) + " (" + rows + " rows per rank, reached by feature '" +
@@ -407,12 +445,25 @@ class KeyExchange {
       owner_dedup_.run(o.local_slots.data(), o.local_slots.size(), owner_unique_, o.expand.data());
       o.local_slots.assign(owner_unique_.begin(), owner_unique_.end());
     }
+    if (feature.index->tiered()) check_memory_budget(feature, o);
     // Requester side: each id's row among those that come back, laid out by owner rank.
     const auto& unique = router_.unique(f);
     std::vector<int32_t> back(unique.size());
     for (size_t u = 0; u < unique.size(); ++u) back[u] = back_base[router_.owner(f, u)] + router_.place(f, u);
     o.restore.swap(restore_[f]);
     for (auto& r : o.restore) r = back[r];
+  }
+
+  // A memory tier must hold the distinct keys of two batches: the one training and the next.
+  void check_memory_budget(const ExchangeFeature& feature, const FeatureRouting& o) const {
+    const int64_t distinct = static_cast<int64_t>(o.local_slots.size());
+    const int64_t rows = feature.index->capacity();
+    if (2 * distinct > rows)
+      throw CapacityError("table '" + feature.index->name() + "': its memory budget of " + std::to_string(rows) +
+                          " rows per rank ((device_vocabulary_size + host_vocabulary_size) / ranks) is smaller than two "
+                          "batches' distinct keys: feature '" + feature.name + "' brought " + std::to_string(distinct) +
+                          " to rank " + std::to_string(comm_.rank()) + " in one batch; raise host_vocabulary_size to "
+                          "at least " + std::to_string(2 * distinct * comm_.world()) + " in all");
   }
 
   // Admission decides on a key's count over the whole batch, every requester's occurrences

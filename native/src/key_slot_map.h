@@ -52,6 +52,8 @@ class KeySlotMap {
     __builtin_prefetch(&slots_[i]);
   }
   int32_t slot_at(size_t bucket) const { return slots_[bucket]; }
+  // Points an occupied bucket's key at another slot.
+  void set_slot_at(size_t bucket, int32_t slot) { slots_[bucket] = slot; }
   int64_t key_at(size_t bucket) const { return keys_[bucket]; }
 
   // Room for `n` keys without growing (never shrinks).

@@ -102,7 +102,7 @@ void write_rows(RowStore& store, int c, CArray<int32_t> rows, CArray<float> valu
 }
 
 // One batch through the exchange. Returns None when some rank is out of data, else per feature
-// (local_slots, expand, recv_splits, restore).
+// (local_slots, expand, recv_splits, restore, [ticket]).
 py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
                         py::object timestamps) {
   const size_t nf = fs.features.size();
@@ -142,7 +142,7 @@ py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& k
   py::list result;
   for (auto& o : out)
     result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.expand), to_numpy(o.recv_splits),
-                                 to_numpy(o.restore)));
+                                 to_numpy(o.restore), to_numpy(std::vector<int32_t>{o.ticket})));
   return std::move(result);
 }
 
@@ -152,6 +152,7 @@ PYBIND11_MODULE(core, m) {
   m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
   if (import_mpi4py() < 0) throw py::error_already_set();
   py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
+  py::register_exception<shardrec::TierDamagedError>(m, "TierDamagedError", PyExc_RuntimeError);
   auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
   py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
 
@@ -203,7 +204,10 @@ PYBIND11_MODULE(core, m) {
         return d;
       })
       .def("read_rows", &read_rows, py::arg("column"), py::arg("rows"))
-      .def("write_rows", &write_rows, py::arg("column"), py::arg("rows"), py::arg("values"));
+      .def("write_rows", &write_rows, py::arg("column"), py::arg("rows"), py::arg("values"))
+      .def("note_gathered", &RowStore::note_gathered, py::arg("channel"), py::arg("ticket"),
+           "Batch `ticket` of `channel` (0 train, 1 eval) was read (what the lookup's row gather reports).")
+      .def("gathered", &RowStore::gathered, py::arg("channel"));
 
   py::class_<EmbeddingIndex>(m, "EmbeddingIndex")
       .def(py::init([](std::string name, int64_t capacity, std::shared_ptr<RowStore> store, int64_t expected,
@@ -236,6 +240,111 @@ PYBIND11_MODULE(core, m) {
             index.clear();
           },
           "Forgets every key (the map keeps room for the whole shard).")
+      .def(
+          "set_ssd",
+          [](EmbeddingIndex& index, int64_t records, std::vector<std::string> dirs, int rank, std::string policy) {
+            if (policy != "lru" && policy != "lfu")
+              throw std::invalid_argument("swap policy must be 'lru' or 'lfu', got '" + policy + "'");
+            index.set_ssd(records, std::move(dirs), rank,
+                          policy == "lru" ? shardrec::SwapPolicy::kLru : shardrec::SwapPolicy::kLfu);
+          },
+          py::arg("records"), py::arg("dirs"), py::arg("rank"), py::arg("policy") = "lfu",
+          "An SSD tier of `records` rows under `dirs` (before the first key).")
+      .def_property_readonly("tiered", &EmbeddingIndex::tiered)
+      .def_property_readonly("max_keys", &EmbeddingIndex::max_keys, "Memory rows plus SSD rows.")
+      .def("rows_on_ssd", &EmbeddingIndex::rows_on_ssd)
+      .def("ssd_files", &EmbeddingIndex::ssd_files)
+      .def("ssd_file_bytes", &EmbeddingIndex::ssd_file_bytes)
+      .def(
+          "close_ssd",
+          [](EmbeddingIndex& index) {
+            py::gil_scoped_release nogil;
+            index.close_ssd();
+          },
+          "Removes the SSD tier's files.")
+      .def("begin_batch", &EmbeddingIndex::begin_batch, py::arg("channel"),
+           "A new batch of channel 0 (train) or 1 (eval); returns its ticket.")
+      .def("tier_counters",
+           [](const EmbeddingIndex& index) {
+             const auto c = index.tier_counters();
+             py::dict d;
+             d["memory_hits"] = c.memory_hits;
+             d["ssd_hits"] = c.ssd_hits;
+             d["misses"] = c.misses;
+             d["swapped_in"] = c.swapped_in;
+             d["swapped_out"] = c.swapped_out;
+             d["bytes_in"] = c.bytes_in;
+             d["bytes_out"] = c.bytes_out;
+             d["step_in"] = c.step_in;
+             d["step_out"] = c.step_out;
+             return d;
+           })
+      .def(
+          "place",
+          [](EmbeddingIndex& index, CArray<int64_t> keys) {
+            py::array_t<int32_t> locs(keys.size());
+            py::gil_scoped_release nogil;
+            index.place(keys.data(), static_cast<size_t>(keys.size()), locs.mutable_data());
+            return locs;
+          },
+          py::arg("keys"), "Restore: a location for each key (distinct, none held), memory first, then SSD.")
+      .def(
+          "read_rows",
+          [](const EmbeddingIndex& index, int column, CArray<int64_t> keys, CArray<int32_t> locs) {
+            const size_t n = same_length(keys, locs, locs, "keys and locations");
+            py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(index.dim())});
+            py::gil_scoped_release nogil;
+            index.read_rows(column, keys.data(), locs.data(), n, out.mutable_data());
+            return out;
+          },
+          py::arg("column"), py::arg("keys"), py::arg("locations"), "Rows of any tier (checkpoints).")
+      .def(
+          "snapshot",
+          [](const EmbeddingIndex& index, std::vector<int> columns, py::object step) {
+            EmbeddingIndex::Snapshot snap;
+            const bool as_of = !step.is_none();
+            const int64_t at = as_of ? step.cast<int64_t>() : 0;
+            {
+              py::gil_scoped_release nogil;
+              snap = index.snapshot(as_of, at, columns);
+            }
+            const auto& a = snap.state;
+            py::dict d;
+            d["keys"] = to_numpy(a.keys);
+            d["slots"] = to_numpy(a.slots);
+            py::list rows;
+            for (auto& c : snap.columns) {
+              // The rows are handed over, not copied: a checkpoint's rows may be most of the memory.
+              auto* owned = new std::vector<float>(std::move(c));
+              py::capsule release(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+              rows.append(py::array_t<float>({static_cast<py::ssize_t>(a.keys.size()), static_cast<py::ssize_t>(index.dim())},
+                                             owned->data(), release));
+            }
+            d["columns"] = rows;
+            if (!step.is_none()) {
+              d["counts"] = to_numpy(a.counts);
+              d["last_seen"] = to_numpy(a.last_seen);
+              d["pending_keys"] = to_numpy(a.pending.keys);
+              d["pending_counts"] = to_numpy(a.pending.counts);
+              d["pending_last_seen"] = to_numpy(a.pending.last_seen);
+              d["newest"] = a.newest;
+              d["exact"] = a.exact;
+            }
+            return d;
+          },
+          py::arg("columns"), py::arg("step") = py::none(),
+          "Keys (as of training step `step`, see export_as_of; None: as they are) with the rows of `columns`, "
+          "under one hold of the index's lock (no lookup moves a row in between).")
+      .def(
+          "write_rows",
+          [](EmbeddingIndex& index, int column, CArray<int64_t> keys, CArray<int32_t> locs, CArray<float> values) {
+            const size_t n = same_length(keys, locs, locs, "keys and locations");
+            if (values.ndim() != 2 || static_cast<size_t>(values.shape(0)) != n || values.shape(1) != index.dim())
+              throw std::invalid_argument("values must be [n, dim] for n keys");
+            py::gil_scoped_release nogil;
+            index.write_rows(column, keys.data(), locs.data(), n, values.data());
+          },
+          py::arg("column"), py::arg("keys"), py::arg("locations"), py::arg("values"))
       .def("set_admission", &EmbeddingIndex::set_admission, py::arg("access_threshold"),
            py::arg("eviction_threshold"), "-1 turns either off.")
       .def_property_readonly("access_threshold", &EmbeddingIndex::access_threshold)

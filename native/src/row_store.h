@@ -49,6 +49,25 @@ struct StoreBytes {
   uint64_t values = 0, slots = 0, metadata = 0;
 };
 
+// work(begin, end) over [0, n) on up to hardware_concurrency threads, one per `grain` items at
+// least (one thread for small n): bulk row copies, which the pybind11 core runs without TensorFlow's
+// thread pool.
+template <typename F>
+void parallel_for(int64_t n, int64_t grain, F&& work) {
+  const int64_t threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / grain + 1);
+  if (threads <= 1) {
+    work(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t per = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t b = t * per, e = std::min(n, b + per);
+    if (b < e) pool.emplace_back([&work, b, e] { work(b, e); });
+  }
+  for (auto& th : pool) th.join();
+}
+
 class RowStore {
  public:
   static constexpr int kMaxColumns = 8;  // values + up to 7 optimizer slots
@@ -176,6 +195,34 @@ class RowStore {
     last_seen_[r] = 0;
   }
 
+  // A new key's row in a table with an SSD tier: values drawn from the key alone, so that a key
+  // starts from the same values whichever row, tier or rank count it lands in.
+  void reset_row_for_key(int64_t r, int64_t key) {
+    for (int c = 0; c < n_columns_; ++c) fresh_row(key, c, columns_[c] + r * dim_);
+    counts_[r] = 0;
+    last_seen_[r] = 0;
+  }
+  // Column c of key's fresh row: its drawn values, or the slot's initial value.
+  void fresh_row(int64_t key, int c, float* out) const {
+    if (c > 0) {
+      std::fill(out, out + dim_, column_init_[c]);
+      return;
+    }
+    SplitMix gen{mix(init_.seed ^ 0x7f4a7c159e3779b9ULL, static_cast<uint64_t>(key))};
+    draw(gen, out, dim_);
+  }
+
+  // Batches whose rows a lookup kernel has read, per key-pipeline channel (0 train, 1 eval): the
+  // op library's row gather reports each batch's ticket (embedding_index.h's pins). Once batch t
+  // of a channel is read, the batches before it are done: the session ran their steps.
+  void note_gathered(int channel, uint32_t ticket) {
+    std::atomic<uint32_t>& g = gathered_[channel & 1];
+    uint32_t seen = g.load(std::memory_order_relaxed);
+    while (ticket > seen && !g.compare_exchange_weak(seen, ticket, std::memory_order_release)) {
+    }
+  }
+  uint32_t gathered(int channel) const { return gathered_[channel & 1].load(std::memory_order_acquire); }
+
   // A table of fixed size takes TensorFlow's initial values as they are: the values column becomes
   // `values` (all rows() rows, owned by the caller until release(owner) is called), so that neither
   // a copy nor TensorFlow's freed initializer output (which its allocator keeps) costs memory. Every
@@ -242,6 +289,8 @@ class RowStore {
     if (begin >= end) return;
     std::mt19937_64 gen(mix(init_.seed, static_cast<uint64_t>(begin / kChunkRows)));
     draw(gen, columns_[0] + begin * dim_, (end - begin) * dim_);
+    // The last row is the sentinel, which stays zero (what a key without a row reads).
+    if (end == rows_) std::memset(columns_[0] + (rows_ - 1) * dim_, 0, dim_ * sizeof(float));
   }
 
   // splitmix64 as a UniformRandomBitGenerator.
@@ -291,21 +340,9 @@ class RowStore {
     std::fill(columns_[c] + begin * dim_, columns_[c] + end * dim_, value);
   }
 
-  // work(begin, end) over [0, n) on up to hardware_concurrency threads (one for small n).
   template <typename F>
   static void parallel(int64_t n, F&& work) {
-    const int64_t threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / 16384 + 1);
-    if (threads <= 1) {
-      work(0, n);
-      return;
-    }
-    std::vector<std::thread> pool;
-    const int64_t per = (n + threads - 1) / threads;
-    for (int64_t t = 0; t < threads; ++t) {
-      const int64_t b = t * per, e = std::min(n, b + per);
-      if (b < e) pool.emplace_back([&work, b, e] { work(b, e); });
-    }
-    for (auto& th : pool) th.join();
+    parallel_for(n, 16384, work);
   }
 
   char name_[128];
@@ -321,6 +358,7 @@ class RowStore {
   int64_t* last_seen_ = nullptr;
   std::atomic<int64_t> in_use_{0};
   std::atomic<int> refs_{1};
+  std::atomic<uint32_t> gathered_[2] = {};
   uint64_t reuse_epoch_ = 0;
   Release release_values_ = nullptr;
   void* values_owner_ = nullptr;

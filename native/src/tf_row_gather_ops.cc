@@ -15,6 +15,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_op_common.h"
+#include "tf_row_store.h"
 
 namespace shardrec {
 namespace {
@@ -82,11 +83,14 @@ class RowGatherGradOp : public OpKernel {
 // The distinct rows of a lookup, read from the table variable: rows scattered over the whole table,
 // so a later row is prefetched while this one is copied (TensorFlow's ResourceGather does one row
 // after another and waits for each). Holds the variable's lock shared, as ResourceGather does: an
-// update of the table (exclusive) never interleaves with it.
+// update of the table (exclusive) never interleaves with it. Reports the batch's ticket to the
+// table's row store once its rows are read: the rows of earlier batches may then move to SSD.
 template <typename Index>
 class VariableRowGatherOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit VariableRowGatherOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("channel", &channel_));
+  }
   void Compute(OpKernelContext* ctx) override {
     tensorflow::core::RefCountPtr<tensorflow::Var> var;
     OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &var));
@@ -103,7 +107,14 @@ class VariableRowGatherOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     GatherRows(ctx, table.flat<float>().data(), idx, n, dim, out->flat<float>().data());
+    const Tensor& ticket = ctx->input(2);
+    const auto* column = dynamic_cast<const StoreColumnBuffer*>(tensorflow::DMAHelper::buffer(&table));
+    if (column != nullptr && ticket.NumElements() == 1 && ticket.flat<int32_t>()(0) > 0)
+      column->store()->note_gathered(static_cast<int>(channel_), static_cast<uint32_t>(ticket.flat<int32_t>()(0)));
   }
+
+ private:
+  int64_t channel_ = 0;
 };
 
 }  // namespace
@@ -111,9 +122,11 @@ class VariableRowGatherOp : public OpKernel {
 REGISTER_OP("ShardrecVariableRowGather")
     .Input("table: resource")
     .Input("index: Tindex")
+    .Input("ticket: int32")
     .Output("rows: float")
     .Attr("Tindex: {int32, int64}")
     .Attr("dim: int")
+    .Attr("channel: int = 0")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle index;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
@@ -122,7 +135,8 @@ REGISTER_OP("ShardrecVariableRowGather")
       c->set_output(0, c->Matrix(c->Dim(index, 0), dim));
       return tensorflow::OkStatus();
     })
-    .Doc("rows[i] = table[index[i]], the table a 2-D float32 resource variable of `dim` columns.");
+    .Doc("rows[i] = table[index[i]], the table a 2-D float32 resource variable of `dim` columns; `ticket` ([1], "
+         "0: none) is the key pipeline's batch on `channel` (0 train, 1 eval), reported to the table's row store.");
 
 REGISTER_OP("ShardrecRowGather")
     .Input("rows: float")

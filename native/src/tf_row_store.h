@@ -26,6 +26,7 @@ class StoreColumnBuffer : public tensorflow::TensorBuffer {
   // "refcount one" and write in place, into the store, instead of copying the whole column away
   // from it. No kernel forwards this buffer as an output: the variable always holds a reference.
   bool OwnsMemory() const override { return true; }
+  RowStore* store() const { return store_; }
 
  private:
   RowStore* const store_;

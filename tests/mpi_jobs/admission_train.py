@@ -80,6 +80,8 @@ def main():
     p.add_argument("--expand", action="store_true")
     p.add_argument("--tag", default=None)
     p.add_argument("--prefetch", type=int, default=1)
+    p.add_argument("--ssd", help="an SSD tier in this directory, below a memory budget of --memory rows in all")
+    p.add_argument("--memory", type=int, default=128)
     a = p.parse_args()
     tag = a.tag or a.mode
     tf.compat.v1.disable_eager_execution()
@@ -100,8 +102,12 @@ def main():
     dataset = tf.data.Dataset.from_tensor_slices({"ids": ids, "ts": ts})
     dataset = dataset.map(get_asc_insert_func(tgt_key_specs=[spec, stamp], is_training=True)).prefetch(a.prefetch)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    tiers = dict(device_vocabulary_size=4096)
+    if a.ssd:
+        tiers = dict(device_vocabulary_size=a.memory // 2, host_vocabulary_size=a.memory - a.memory // 2,
+                     ssd_vocabulary_size=4096, ssd_data_path=[a.ssd])
     table = create_table(key_dtype=tf.int64, dim=dim, name="emb", emb_initializer=tf.compat.v1.constant_initializer(INIT),
-                         device_vocabulary_size=4096)
+                         **tiers)
     emb = sparse_lookup(table, spec, batch=batch, is_train=True)
     eval_spec = FeatureSpec("eval_ids", table_name="emb")
     eval_data = tf.data.Dataset.from_tensors({"eval_ids": eval_ids()}).map(
@@ -165,6 +171,7 @@ def main():
              sentinel=np.zeros(0) if a.expand or churn else table.store.read_rows(0, np.array([table.sentinel], np.int32)),
              counters=np.array([counters[k] for k in ("admitted", "rejected", "evicted", "reused")]),
              rss=np.array(rss), in_use=np.array(in_use), index_bytes=counters["index_bytes"],
+             swapped=np.array([counters.get("swapped_in", 0), counters.get("swapped_out", 0)]),
              looked_up=looked_up)
     terminate_config_initializer()
 

@@ -8,7 +8,8 @@ tables and the dense weights to OUT_DIR/final-rank<r>.npz.
 FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt only, SIGKILL or
 SIGSTOP itself or raise, once the given step is done (tests only). STEP_DELAY_S slows every step
 down, for tests that act on the job from outside while it runs. ACCESS_THRESHOLD sets the feature's
-access_threshold (default -1: no admission).
+access_threshold (default -1: no admission); SSD_DIR gives the table an SSD tier there, below a
+memory budget of 128 rows a rank.
 """
 import os
 import signal
@@ -61,8 +62,11 @@ def main(checkpoint_dir, out_dir):
     spec = FeatureSpec("ids", table_name="emb", access_threshold=int(os.environ.get("ACCESS_THRESHOLD", "-1")))
     dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(2)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1),
-                         device_vocabulary_size=1000)
+    tiers = dict(device_vocabulary_size=1000)
+    if os.environ.get("SSD_DIR"):
+        tiers = dict(device_vocabulary_size=64, host_vocabulary_size=192, ssd_vocabulary_size=2000,
+                     ssd_data_path=[os.environ["SSD_DIR"]])
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1), **tiers)
     emb = sparse_lookup(table, spec, batch=batch)
     w = tf.compat.v1.get_variable("w", [FIELDS * DIM, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
     loss = tf.reduce_mean(tf.square(tf.squeeze(tf.matmul(tf.reshape(emb, [-1, FIELDS * DIM]), w), 1) - batch["y"]))
@@ -90,9 +94,9 @@ def main(checkpoint_dir, out_dir):
     if state is None:
         print(f"DONE rank={rank} step={done} resumed_from={start} (nothing left to train)", flush=True)
         return
-    keys, rows_at = table.index.export()
-    np.savez(os.path.join(out_dir, f"final-rank{rank}.npz"), w=state["w"], step=done, keys=keys,
-             rows=state["rows"][rows_at])
+    export = table.export(None)  # every tier's rows, read from the native core
+    np.savez(os.path.join(out_dir, f"final-rank{rank}.npz"), w=state["w"], step=done, keys=export["keys"],
+             rows=export["values"])
     print(f"DONE rank={rank} step={done} resumed_from={start}", flush=True)
 
 

@@ -1,0 +1,410 @@
+"""The SSD tier (create_table's host_vocabulary_size / ssd_vocabulary_size / ssd_data_path):
+training with most rows on SSD equals training with every row in memory (plain tables, 1 and 2
+ranks), checkpoints restore into other layouts and rank counts, a table larger than the process's
+memory limit trains, a full disk and a damaged file stop every rank with a clear error, and the
+native index's pins, swap policies, eviction and counters behave exactly."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpi_helpers import check, mpiexec
+from pipeline_helpers import FeatureSpec, batched_iterator
+from shardrec.native import core as native
+from shardrec.rank_runtime import config, create_table, start_asc_pipeline, tiers
+
+ATOL = 1e-5
+
+
+def train(out, ranks, tag, *args, timeout=300, wrapper=None):
+    proc = mpiexec(ranks, "tier_train.py", "--out", out, "--tag", tag, *args, timeout=timeout, wrapper=wrapper)
+    return proc
+
+
+def results(out, tag, ranks):
+    parts = [dict(np.load(out / f"{tag}-rank{r}-of{ranks}.npz")) for r in range(ranks)]
+    counters = [json.load(open(out / f"{tag}-rank{r}-of{ranks}.json")) for r in range(ranks)]
+    return parts, counters
+
+
+def by_key(parts):
+    """{key: (values, slot rows...)} over all ranks' exports; a key on two ranks fails."""
+    out = {}
+    for part in parts:
+        names = sorted(n for n in part if n not in ("keys", "losses", "w", "eval_ids", "eval_rows"))
+        for i, key in enumerate(part["keys"].tolist()):
+            assert key not in out, f"key {key} is held by two ranks"
+            out[key] = np.concatenate([part[n][i] for n in names])
+    return out
+
+
+def assert_same_rows(got, want):
+    got, want = by_key(got), by_key(want)
+    assert got.keys() == want.keys()
+    worst = max(float(np.abs(got[k] - want[k]).max()) for k in want)
+    assert worst <= ATOL, worst
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Every row in memory: plain tables (TensorFlow's initializer, no tier code), 1 and 2 ranks."""
+    out = tmp_path_factory.mktemp("all_in_memory")
+    for ranks in (1, 2):
+        check(train(out, ranks, "ref", "--memory", 8000, "--init", "constant", "--eval"))
+    return out
+
+
+@pytest.mark.parametrize("ranks,memory", [(1, 640), (2, 700)])
+def test_training_with_most_rows_on_ssd_equals_training_with_every_row_in_memory(reference, tmp_path, ranks, memory):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    check(train(tmp_path, ranks, "tier", "--memory", memory, "--ssd", 8000, "--ssd-path", ssd, "--init", "constant",
+                "--eval"))
+    got, counters = results(tmp_path, "tier", ranks)
+    want, _ = results(reference, "ref", ranks)
+    assert_same_rows(got, want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g["losses"], w["losses"], atol=ATOL)
+        # Evaluation reads rows from both tiers (its batches are pinned on their own channel).
+        np.testing.assert_array_equal(g["eval_ids"], w["eval_ids"])
+        np.testing.assert_allclose(g["eval_rows"], w["eval_rows"], atol=ATOL)
+    for c in counters:
+        assert c["rows_on_ssd"] > c["rows_in_memory"], c
+        assert c["swapped_in"] > 0 and c["ssd_hits"] == c["swapped_in"], c
+        assert c["memory_hits"] + c["ssd_hits"] + c["misses"] >= c["keys_received"], c
+        assert c["bytes_swapped_out"] == c["swapped_out"] * (16 + 3 * 4 * 8), c  # key, checksum, values, m, v
+    assert os.listdir(ssd) == [], "a clean shutdown leaves nothing under ssd_data_path"
+
+
+def test_keys_start_from_the_same_drawn_values_whatever_tier_or_rank_count_they_land_in(tmp_path):
+    """A random initializer: an SSD-tier table draws each key's row from the key, so a run with a
+    tiny memory tier and one with room for every key (no swap) end equal, on 1 and 2 ranks."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    check(train(tmp_path, 1, "roomy", "--memory", 8000, "--ssd", 100, "--ssd-path", ssd, "--optimizer", "adagrad"))
+    check(train(tmp_path, 2, "tight", "--memory", 900, "--ssd", 8000, "--ssd-path", ssd, "--optimizer", "adagrad",
+                "--prefetch", 4))
+    roomy, c_roomy = results(tmp_path, "roomy", 1)
+    tight, c_tight = results(tmp_path, "tight", 2)
+    assert c_roomy[0]["swapped_out"] == 0 and all(c["swapped_in"] > 0 for c in c_tight)
+    assert_same_rows(tight, roomy)
+
+
+def test_a_checkpoint_holds_every_tier_and_restores_into_other_layouts_and_rank_counts(reference, tmp_path):
+    """Saved at step 30 by 2 ranks with most rows on SSD; resumed by 1 rank with another memory
+    budget, and by 2 ranks as a plain table: both end as the uninterrupted all-in-memory run."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    prefix = tmp_path / "ckpt" / "model"
+    check(train(tmp_path, 2, "first", "--memory", 700, "--ssd", 8000, "--ssd-path", ssd, "--init", "constant",
+                "--end", 30, "--save", prefix))
+    _, counters = results(tmp_path, "first", 2)
+    assert all(c["rows_on_ssd"] > 0 and c["swapped_in"] > 0 for c in counters), counters
+    restore = f"{prefix}-30"
+    check(train(tmp_path, 1, "resumed_tier", "--memory", 500, "--ssd", 8000, "--ssd-path", ssd, "--init", "constant",
+                "--start", 30, "--restore", restore))
+    check(train(tmp_path, 2, "resumed_plain", "--memory", 8000, "--init", "constant", "--start", 30,
+                "--restore", restore))
+    want, _ = results(reference, "ref", 1)
+    assert_same_rows(results(tmp_path, "resumed_tier", 1)[0], want)
+    assert_same_rows(results(tmp_path, "resumed_plain", 2)[0], results(reference, "ref", 2)[0])
+    assert os.listdir(ssd) == []
+
+
+def test_a_table_larger_than_the_memory_limit_trains_with_the_ssd_tier(tmp_path):
+    """RLIMIT_DATA (the processes' private memory) at 1.4 GiB; 655,360 keys of dim 256 with lazy
+    Adam's two slots are 2 GB of rows. Every row in memory fails; with the SSD tier it trains."""
+    limit = 1400 * 2**20
+    wrapper = ["prlimit", f"--data={limit}:{limit}"]
+    common = ["--dim", 256, "--fresh", "--batch", 4096, "--end", 40, "--no-export", "--prefetch", 1]
+    plain = train(tmp_path, 1, "plain", "--memory", 700_000, *common, wrapper=wrapper)
+    assert plain.returncode != 0
+    assert "Cannot allocate memory" in plain.stderr or "OOM" in plain.stderr, plain.stderr[-3000:]
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    check(train(tmp_path, 1, "tier", "--memory", 60_000, "--ssd", 700_000, "--ssd-path", ssd, *common,
+                wrapper=wrapper))
+    _, [c] = results(tmp_path, "tier", 1)
+    row_bytes = 256 * 4 * 3 + 12
+    assert c["size"] == 40 * 4096 * 4 and c["size"] * row_bytes > limit
+    assert c["rows_on_ssd"] >= c["size"] - 60_000 and c["VmData"] < limit
+    assert os.listdir(ssd) == []
+
+
+def _small_disk(path, megabytes):
+    """A tmpfs of `megabytes` at `path` (root), or a command prefix that makes one in a user and
+    mount namespace of the job's own where this process may not mount."""
+    path.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                          capture_output=True)
+    if made.returncode == 0:
+        return None
+    return ["unshare", "--map-root-user", "--mount", "sh", "-c",
+            f"mount -t tmpfs -o size={megabytes}m tmpfs {path} && exec \"$0\" \"$@\""]
+
+
+def test_a_full_disk_stops_every_rank_with_a_clear_error_and_keeps_the_last_checkpoint(tmp_path):
+    """The only SSD path is a 40 MiB tmpfs: the third 16 MiB file does not fit. Both ranks stop in
+    the same batch naming the directory; the checkpoint of step 30 restores and trains on exactly as
+    a run that never filled a disk. With a second directory the table moves on to it."""
+    small = tmp_path / "small"
+    wrapper = _small_disk(small, 40)
+    big = tmp_path / "big"
+    big.mkdir()
+    prefix = tmp_path / "ckpt" / "model"
+    common = ["--memory", 8000, "--ssd", 200_000, "--dim", 64, "--fresh", "--batch", 256, "--init", "constant"]
+    try:
+        proc = train(tmp_path, 2, "full", *common, "--ssd-path", small, "--end", 80, "--save", prefix,
+                     "--save-every", 10, "--catch", wrapper=wrapper)
+        check(proc)
+        errors = [line for line in proc.stdout.splitlines() if line.startswith("TRAINING-ERROR")]
+        assert len(errors) == 2, proc.stdout[-3000:]
+        steps = {line.split()[2] for line in errors}
+        assert len(steps) == 1, errors  # the same batch on every rank
+        assert f"no directory of ssd_data_path [{small}] has room" in errors[0], errors
+        assert "No space left on device" in errors[0] and "every rank stops here" in errors[0]
+        stopped_at = int(steps.pop().rstrip(":").split("=")[1])
+        assert 30 < stopped_at < 80
+        last = (stopped_at // 10) * 10
+        if wrapper is None:
+            assert os.listdir(small) == []
+
+        check(train(tmp_path, 2, "resumed", *common, "--ssd-path", big, "--start", last, "--end", last + 10,
+                    "--restore", f"{prefix}-{last}"))
+        check(train(tmp_path, 2, "straight", *common, "--ssd-path", big, "--end", last + 10))
+        assert_same_rows(results(tmp_path, "resumed", 2)[0], results(tmp_path, "straight", 2)[0])
+
+        check(train(tmp_path, 2, "spill", *common, "--ssd-path", small, big, "--end", last + 10, wrapper=wrapper))
+        _, counters = results(tmp_path, "spill", 2)
+        assert all(any(f.startswith(str(small)) for f in c["ssd_files"]) and
+                   any(f.startswith(str(big)) for f in c["ssd_files"]) for c in counters), counters
+        assert_same_rows(results(tmp_path, "spill", 2)[0], results(tmp_path, "straight", 2)[0])
+    finally:
+        if wrapper is None:
+            subprocess.run(["umount", str(small)], check=False)
+
+
+def test_a_damaged_ssd_file_stops_every_rank_naming_the_file(tmp_path):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    proc = train(tmp_path, 2, "damaged", "--memory", 700, "--ssd", 8000, "--ssd-path", ssd, "--corrupt-at", 20, "--no-export",
+                 "--catch")
+    check(proc)
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("TRAINING-ERROR")]
+    assert len(errors) == 2 and len({line.split()[2] for line in errors}) == 1, proc.stdout[-3000:]
+    assert f"SSD file {ssd}/shardrec-ssd-emb-rank" in errors[0] and "is damaged: record" in errors[0], errors[0]
+    assert "restart from the last checkpoint" in errors[0] and "every rank stops here" in errors[0]
+
+
+def test_admission_and_eviction_work_across_tiers(tmp_path):
+    """The admission job's exact sets (admission_oracle.py) with a memory tier of 44 rows a rank."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import test_admission as adm
+
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    parts = adm._run(tmp_path, 2, "evict_steps", "--ssd", ssd, "--memory", 88, tag="tiers")
+    adm.check_against_oracle(parts, "evict_steps", adm.STEP_EVICTIONS)
+    assert sum(int(p["swapped"][1]) for p in parts) > 0, "rows moved to SSD"
+    assert sum(int(p["swapped"][0]) for p in parts) > 0, "rows came back from SSD"
+
+
+# The native index with an SSD tier, driven directly (no TensorFlow): exact pins, policies, moves.
+
+def tiered_index(tmp_path, memory=8, ssd=64, dim=2, policy="lfu", name="t"):
+    store = native.RowStore(name, dim, memory + 1, 0, 0, 0.5, 0.0, 0, 1.0)
+    index = native.EmbeddingIndex(name, memory, store)
+    index.set_ssd(ssd, [str(tmp_path)], 0, policy)
+    return index, store
+
+
+def batch(index, store, keys, gathered=True):
+    """One training batch as the exchange and the step run it: looked up, then (gathered=True)
+    its rows read by the step, which makes the batches before it done."""
+    ticket = index.begin_batch(0)
+    slots = index.lookup(np.array(keys, np.int64), allocate=True)
+    if gathered:
+        store.note_gathered(0, ticket)
+    return slots
+
+
+def rows_of(index, keys):
+    keys = np.array(keys, np.int64)
+    exported_keys, locs = index.export()
+    where = dict(zip(exported_keys.tolist(), locs.tolist()))
+    return index.read_rows(0, keys, np.array([where[k] for k in keys.tolist()], np.int32))
+
+
+def test_rows_keep_their_values_through_swaps_and_export_reads_every_tier(tmp_path):
+    index, store = tiered_index(tmp_path, memory=8, ssd=64)
+    for start in range(0, 40, 4):
+        keys = np.arange(start, start + 4)
+        slots = batch(index, store, keys)
+        assert slots.max() < 8
+        store.write_rows(0, slots, np.repeat(keys[:, None], 2, 1).astype(np.float32))
+    assert index.size() == 40 and index.rows_on_ssd() >= 32
+    np.testing.assert_array_equal(rows_of(index, range(40)), np.repeat(np.arange(40)[:, None], 2, 1))
+    slots = batch(index, store, [3, 17, 38])  # two on SSD, brought back
+    np.testing.assert_array_equal(store.read_rows(0, slots), [[3, 3], [17, 17], [38, 38]])
+    c = index.tier_counters()
+    assert c["swapped_in"] >= 2 and c["swapped_out"] == index.rows_on_ssd() + c["swapped_in"]
+
+
+def test_rows_of_batches_not_yet_trained_never_move(tmp_path):
+    """Batches looked up ahead of training pin their rows until the step after theirs is read;
+    when every memory row is pinned the lookup stops with a clear error and moves nothing."""
+    index, store = tiered_index(tmp_path, memory=8, ssd=64)
+    first = batch(index, store, [1, 2, 3, 4], gathered=False)
+    batch(index, store, [5, 6, 7, 8], gathered=False)
+    with pytest.raises(native.CapacityError, match="cannot hold the rows of the batches in flight"):
+        batch(index, store, [9], gathered=False)
+    assert index.rows_on_ssd() == 0
+    store.note_gathered(0, 2)  # the second batch is read: the first one's step is done
+    batch(index, store, [9, 10], gathered=False)
+    keys, locs = index.export()
+    where = dict(zip(keys.tolist(), locs.tolist()))
+    assert sum(where[k] > 8 for k in (1, 2, 3, 4)) == 2, where  # two of the first batch's rows moved
+    assert all(where[k] < 8 for k in (5, 6, 7, 8, 9, 10)), where
+    assert set(first.tolist()) >= {where[k] for k in (9, 10)}, "their rows were taken"
+
+
+
+@pytest.mark.parametrize("policy,moved", [("lru", {1, 2}), ("lfu", {5, 6})])
+def test_the_swap_policy_chooses_which_rows_move_first(tmp_path, policy, moved):
+    """Keys 1, 2 used often long ago; 5, 6 once, lately: LRU moves 1 and 2, LFU moves 5 and 6."""
+    index, store = tiered_index(tmp_path, memory=16, ssd=64, policy=policy)
+    for _ in range(5):
+        batch(index, store, [1, 2])
+    batch(index, store, [5, 6])
+    for k in range(7, 21):  # fills memory with keys of two uses each, then needs room for two more
+        batch(index, store, [k])
+        batch(index, store, [k])
+    keys, locs = index.export()
+    on_ssd = {k for k, loc in zip(keys.tolist(), locs.tolist()) if loc > 16}
+    assert moved <= on_ssd and not ({1, 2, 5, 6} - moved) & on_ssd, on_ssd
+
+
+def test_the_ssd_share_full_is_an_error_before_any_row_moves(tmp_path):
+    index, store = tiered_index(tmp_path, memory=8, ssd=4)
+    batch(index, store, range(8))
+    batch(index, store, [])  # the next step: the first batch's rows may move
+    before = index.export()
+    with pytest.raises(native.CapacityError, match=r"SSD tier is full on rank 0 \(4 rows, its share of "
+                                                   "ssd_vocabulary_size\\); raise ssd_vocabulary_size"):
+        batch(index, store, range(8, 16))
+    after = index.export()
+    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+
+
+def test_eviction_and_erase_remove_keys_from_whichever_tier_holds_them(tmp_path):
+    index, store = tiered_index(tmp_path, memory=8, ssd=64)
+    index.set_admission(0, 10)
+    for step, start in enumerate(range(0, 32, 4)):
+        index.begin_step(step)
+        ticket = index.begin_batch(0)
+        keys = np.arange(start, start + 4, dtype=np.int64)
+        index.lookup_counted(keys, np.ones(4, np.int64), np.full(4, 100 + step, np.int64))
+        store.note_gathered(0, ticket)
+    on_ssd = index.rows_on_ssd()
+    assert on_ssd >= 24
+    index.newest = 115  # keys last seen at 100..105 (steps 0..5) are now at least 10 old
+    index.begin_step(8)
+    assert index.evict(8) == 24
+    index.release_evicted(9)  # held-back rows and records are free again
+    keys, _ = index.export()
+    assert sorted(keys.tolist()) == list(range(24, 32))
+    assert index.rows_on_ssd() == 0, "the SSD records of evicted keys are free"
+    batch(index, store, range(40, 44))  # moves 24..27 down (28..31 are the last batch's, pinned)
+    assert index.rows_on_ssd() == 4 and index.erase(np.array([24, 31, 40], np.int64)) == 3
+    assert index.rows_on_ssd() == 3
+    assert sorted(index.export()[0].tolist()) == list(range(25, 31)) + list(range(41, 44))
+
+
+def test_restore_places_rows_in_memory_first_then_on_ssd(tmp_path):
+    index, _ = tiered_index(tmp_path, memory=4, ssd=64)
+    keys = np.arange(100, 110, dtype=np.int64)
+    locs = index.place(keys)
+    assert (locs[:4] < 4).all() and (locs[4:] > 4).all()
+    values = np.arange(20, dtype=np.float32).reshape(10, 2)
+    index.write_rows(0, keys, locs, values)
+    np.testing.assert_array_equal(index.read_rows(0, keys, locs), values)
+
+
+def test_a_record_overwritten_on_disk_is_refused_naming_the_file(tmp_path):
+    index, store = tiered_index(tmp_path, memory=4, ssd=64)
+    for k in range(12):
+        batch(index, store, [k])
+    [path] = index.ssd_files()
+    with open(path, "r+b") as f:
+        f.seek(4096 + 3)
+        f.write(b"\xff\xff")
+    with pytest.raises(native.TierDamagedError, match=f"SSD file {path} is damaged: record 0"):
+        batch(index, store, [0])  # the first row moved down
+    index.close_ssd()
+    assert os.listdir(tmp_path) == []
+
+
+def test_files_of_a_process_that_no_longer_runs_are_removed(tmp_path, runtime):
+    stale = tmp_path / "shardrec-ssd-t-rank0-pid999999999"
+    stale.mkdir()
+    (stale / "segment-0.ssd").write_bytes(b"x")
+    other = tmp_path / f"shardrec-ssd-t-rank0-pid{os.getpid()}"
+    table = create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(), device_vocabulary_size=8,
+                         host_vocabulary_size=8, ssd_vocabulary_size=100, ssd_data_path=[str(tmp_path)])
+    assert not stale.exists() and not other.exists()
+    assert table.max_rows() == 16 + 100 and table.capacity() == 16
+
+
+BAD_TIERS = [
+    (dict(ssd_vocabulary_size=10, host_vocabulary_size=0), ValueError, "needs host_vocabulary_size > 0"),
+    (dict(ssd_vocabulary_size=10, host_vocabulary_size=8, ssd_data_path=["/nonexistent/dir"]), ValueError,
+     r"ssd_data_path entry '/nonexistent/dir' is not a directory"),
+    (dict(ssd_vocabulary_size=10, host_vocabulary_size=8, ssd_data_path=[]), ValueError, "'ssd_data_path' is empty"),
+    (dict(ssd_vocabulary_size=10, host_vocabulary_size=8, emb_initializer=tf.compat.v1.glorot_uniform_initializer()),
+     ValueError, r"with an SSD tier, new rows are drawn by the native core"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,match", BAD_TIERS, ids=["no_host", "not_a_dir", "no_path", "initializer"])
+def test_bad_tier_parameters_are_refused_naming_them(runtime, tmp_path, kwargs, error, match):
+    kwargs = dict(dict(emb_initializer=tf.compat.v1.zeros_initializer(), device_vocabulary_size=8,
+                       ssd_data_path=[str(tmp_path)]), **kwargs)
+    with pytest.raises(error, match=match):
+        create_table(tf.int64, 2, "t", **kwargs)
+
+
+def test_host_tier_and_dynamic_expansion_are_exclusive(graph, tmp_path):
+    config.init(use_dynamic_expansion=True)
+    with pytest.raises(ValueError, match="host_vocabulary_size > 0 and dynamic expansion"):
+        create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=8)
+
+
+def test_a_bad_swap_policy_is_refused(runtime, tmp_path, monkeypatch):
+    monkeypatch.setenv(tiers.SWAP_POLICY_ENV, "fifo")
+    with pytest.raises(ValueError, match="SHARDREC_SWAP_POLICY='fifo' is not a swap policy; allowed: 'lfu'"):
+        create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(), host_vocabulary_size=8,
+                     ssd_vocabulary_size=10, ssd_data_path=[str(tmp_path)])
+
+
+def test_two_training_datasets_on_one_tiered_table_are_refused(runtime, tmp_path):
+    create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(), device_vocabulary_size=64,
+                 host_vocabulary_size=64, ssd_vocabulary_size=100, ssd_data_path=[str(tmp_path)])
+    for name in ("a", "b"):
+        batched_iterator({name: np.arange(8).reshape(4, 2)}, 2, [FeatureSpec(name, table_name="t")])
+    with pytest.raises(ValueError, match="looked up by two train datasets"):
+        start_asc_pipeline()
+
+
+def test_a_memory_budget_below_two_batches_keys_stops_every_rank_naming_it(tmp_path):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    proc = train(tmp_path, 2, "small", "--memory", 100, "--ssd", 8000, "--ssd-path", ssd, "--batch", 256, "--catch")
+    check(proc)
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("TRAINING-ERROR")]
+    assert len(errors) == 2 and "step=0" in errors[0], proc.stdout[-3000:]
+    assert "its memory budget of 50 rows per rank" in errors[0], errors[0]
+    assert "smaller than two batches' distinct keys" in errors[0] and "every rank stops here" in errors[0]
