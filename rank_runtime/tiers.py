@@ -21,7 +21,7 @@ log = get_logger("shardrec.tiers")
 SWAP_POLICY_ENV = "SHARDREC_SWAP_POLICY"
 # Measured on the benchmark's Zipf keys (bench/README.md, "SSD tier"): see swap_policy().
 DEFAULT_POLICY = "lfu"
-_OWN_DIR = re.compile(r"shardrec-ssd-(?P<table>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)")
+_OWN_DIR = re.compile(r"shardrec-ssd-(?P<table>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)-\d+")
 # Counters that the table reports per tier (table.counters()).
 TIER_COUNTERS = ("rows_in_memory", "rows_on_ssd", "memory_hits", "ssd_hits", "misses", "swapped_in",
                  "swapped_out", "bytes_swapped_in", "bytes_swapped_out", "swapped_in_last_step",

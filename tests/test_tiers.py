@@ -349,13 +349,17 @@ def test_a_record_overwritten_on_disk_is_refused_naming_the_file(tmp_path):
 
 
 def test_files_of_a_process_that_no_longer_runs_are_removed(tmp_path, runtime):
-    stale = tmp_path / "shardrec-ssd-t-rank0-pid999999999"
+    stale = tmp_path / "shardrec-ssd-t-rank0-pid999999999-0"
     stale.mkdir()
     (stale / "segment-0.ssd").write_bytes(b"x")
-    other = tmp_path / f"shardrec-ssd-t-rank0-pid{os.getpid()}"
+    other = tmp_path / f"shardrec-ssd-t-rank0-pid{os.getpid()}-0"
     table = create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(), device_vocabulary_size=8,
                          host_vocabulary_size=8, ssd_vocabulary_size=100, ssd_data_path=[str(tmp_path)])
     assert not stale.exists() and not other.exists()
+    live = tmp_path / f"shardrec-ssd-t-rank0-pid{os.getpid()}-99"  # this process's: kept
+    live.mkdir()
+    tiers._remove_stale([str(tmp_path)], "t")
+    assert live.exists()
     assert table.max_rows() == 16 + 100 and table.capacity() == 16
 
 

@@ -597,14 +597,28 @@ class EmbeddingIndex {
 
  private:
   void export_pairs_locked(std::vector<int64_t>& keys, std::vector<int32_t>& slots) const {
+    keys.clear();
+    slots.clear();
+    keys.reserve(map_.size());
+    slots.reserve(map_.size());
+    if (!ssd_) {  // memory rows alone: placed by row, no sort
+      std::vector<int64_t> by_slot(next_slot_);
+      std::vector<char> used(next_slot_, 0);
+      map_.for_each([&](int64_t k, int32_t s) {
+        by_slot[s] = k;
+        used[s] = 1;
+      });
+      for (int32_t s = 0; s < next_slot_; ++s) {
+        if (!used[s]) continue;
+        keys.push_back(by_slot[s]);
+        slots.push_back(s);
+      }
+      return;
+    }
     std::vector<std::pair<int32_t, int64_t>> pairs;
     pairs.reserve(map_.size());
     map_.for_each([&](int64_t k, int32_t s) { pairs.emplace_back(s, k); });
     std::sort(pairs.begin(), pairs.end());
-    keys.clear();
-    slots.clear();
-    keys.reserve(pairs.size());
-    slots.reserve(pairs.size());
     for (const auto& [s, k] : pairs) {
       keys.push_back(k);
       slots.push_back(s);
@@ -622,7 +636,7 @@ class EmbeddingIndex {
         ++counters_.missed;
       } else {
         const int32_t slot = take_slot(keys[i]);
-        map_.insert_at(map_.probe(keys[i]), keys[i], slot);  // taking a slot may move rows down: probe again
+        map_.insert_at(b, keys[i], slot);  // moving rows down (take_slot) changes slots, not buckets
         slots[i] = slot;
         ++counters_.inserted;
       }

@@ -1,7 +1,8 @@
 // The SSD tier of one table shard: rows that do not fit in the shard's memory budget, in files the
 // native core owns under the table's ssd_data_path directories.
 //
-// Format (version 1). Each file is a segment: a 4096-byte header (magic "SHRDSSD1", version,
+// Files: <dir>/shardrec-ssd-<table>-rank<r>-pid<p>-<n>/segment-<i>.ssd. Format (version 1). Each
+// file is a segment: a 4096-byte header (magic "SHRDSSD1", version,
 // floats per record, record bytes, records, the table and rank as text), then fixed-size records:
 //   int64 key | uint32 checksum | uint32 reserved (0) | floats: values, then each optimizer slot
 // The checksum covers the record's number, key and floats, so a record that was damaged, zeroed or
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -259,8 +261,12 @@ class SsdTier {
 
   // This rank's own directory under dirs_[d], made on first use ("" and a reason when it cannot be).
   std::string own_dir(size_t d, std::string& errors) {
+    // One directory per tier object: a process may hold two tables of one name (Estimator mode
+    // builds a graph for training and another for evaluation).
+    static std::atomic<int> made{0};
+    if (instance_ < 0) instance_ = made.fetch_add(1);
     const std::string dir = dirs_[d] + "/shardrec-ssd-" + table_ + "-rank" + std::to_string(rank_) + "-pid" +
-                            std::to_string(getpid());
+                            std::to_string(getpid()) + "-" + std::to_string(instance_);
     struct stat st;
     if (stat(dir.c_str(), &st) == 0) return dir;
     if (mkdir(dir.c_str(), 0700) != 0) {
@@ -331,6 +337,7 @@ class SsdTier {
   const int64_t max_records_;
   std::vector<bool> full_;
   bool closed_ = false;
+  int instance_ = -1;
   int64_t floats_ = 0;
   int64_t segment_records_ = 0;
   std::vector<Segment> segments_;
