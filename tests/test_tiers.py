@@ -135,6 +135,21 @@ def test_a_table_larger_than_the_memory_limit_trains_with_the_ssd_tier(tmp_path)
     assert os.listdir(ssd) == []
 
 
+def test_estimator_train_evaluate_predict_with_an_ssd_tier(tmp_path):
+    """Graph modification and Estimator mode (a graph, and a table, for train, evaluate and predict
+    in one process): evaluate and predict equal a Session-mode run over the same checkpoint."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    check(mpiexec(2, "estimator_flow.py", tmp_path / "model", tmp_path / "out", timeout=400,
+                  env={"SSD_DIR": str(ssd)}))
+    for r in range(2):
+        out = json.loads((tmp_path / f"out-rank{r}.json").read_text())
+        assert out["metrics"]["auc"] == pytest.approx(out["session_auc"], abs=1e-5)
+        np.testing.assert_allclose(out["pred_probs"], out["session_probs"], atol=1e-5)
+        assert out["restored_keys"] > 2 * 220, "more keys than the memory tier: the rest restored to SSD"
+    assert os.listdir(ssd) == []
+
+
 def _small_disk(path, megabytes):
     """A tmpfs of `megabytes` at `path` (root), or a command prefix that makes one in a user and
     mount namespace of the job's own where this process may not mount."""

@@ -5,9 +5,11 @@ seeds add them), then a tf.Session evaluation of the same checkpoint as the orac
 
 Writes OUT_JSON_PREFIX-rank<r>.json: the Estimator's eval metrics, the Session-mode AUC and
 predictions of the same checkpoint, the Estimator's predictions (with the row numbers they came
-with) and the table sizes.
+with) and the table sizes. With SSD_DIR set, the table has an SSD tier there below a memory budget
+of 220 rows a rank (every graph the Estimator builds makes its own).
 """
 import json
+import os
 import sys
 
 import horovod.tensorflow as hvd
@@ -46,8 +48,11 @@ def input_fn(mode, rank):
 
 
 def forward(features, is_train):
-    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=3),
-                         device_vocabulary_size=20_000)
+    tiers = dict(device_vocabulary_size=20_000)
+    if os.environ.get("SSD_DIR"):
+        tiers = dict(device_vocabulary_size=220, host_vocabulary_size=220, ssd_vocabulary_size=20_000,
+                     ssd_data_path=[os.environ["SSD_DIR"]])
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=3), **tiers)
     # A transform between get_next() and the lookup, as users write them.
     ids = tf.reshape(features["ids"], [-1, FIELDS])
     emb = sparse_lookup(table, ids, is_train=is_train, modify_graph=True, name="emb_lookup")
