@@ -19,13 +19,9 @@ from .validation import check_type
 log = get_logger("shardrec.tiers")
 
 SWAP_POLICY_ENV = "SHARDREC_SWAP_POLICY"
-# Measured on the benchmark's Zipf keys (bench/README.md, "SSD tier"): see swap_policy().
+# Measured on the benchmark's Zipf keys (bench/README.md, "Issue 14's target"): see swap_policy().
 DEFAULT_POLICY = "lfu"
 _OWN_DIR = re.compile(r"shardrec-ssd-(?P<table>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)-\d+")
-# Counters that the table reports per tier (table.counters()).
-TIER_COUNTERS = ("rows_in_memory", "rows_on_ssd", "memory_hits", "ssd_hits", "misses", "swapped_in",
-                 "swapped_out", "bytes_swapped_in", "bytes_swapped_out", "swapped_in_last_step",
-                 "swapped_out_last_step", "ssd_file_bytes")
 
 
 def swap_policy():

@@ -128,8 +128,6 @@ class SsdTier {
         std::memcpy(rec + 12, &zero, 4);
       }
     });
-    bytes_written_ += n * record_bytes();
-    records_written_ += n;
   }
 
   // Reads records[i] (which must hold keys[i]) into the columns' rows rows[i].
@@ -144,8 +142,6 @@ class SsdTier {
           std::memcpy(columns[c] + static_cast<int64_t>(rows[i]) * dim, f + c * dim, dim * sizeof(float));
       }
     });
-    bytes_read_ += n * record_bytes();
-    records_read_ += n;
   }
 
   // One column of records (checkpoints): out[i] = column c of records[i] / the other way round.
@@ -166,10 +162,6 @@ class SsdTier {
     }
   }
 
-  uint64_t bytes_read() const { return bytes_read_; }
-  uint64_t bytes_written() const { return bytes_written_; }
-  uint64_t records_read() const { return records_read_; }
-  uint64_t records_written() const { return records_written_; }
   uint64_t file_bytes() const { return static_cast<uint64_t>(capacity()) * record_bytes() + segments_.size() * kHeaderBytes; }
 
   // At a clean shutdown: the files go; the counts stay (what the tier held when it closed), and
@@ -344,7 +336,6 @@ class SsdTier {
   std::vector<std::string> paths_, made_dirs_;
   std::vector<int32_t> free_;
   int64_t next_ = 0, in_use_ = 0;
-  uint64_t bytes_read_ = 0, bytes_written_ = 0, records_read_ = 0, records_written_ = 0;
 };
 
 }  // namespace shardrec
