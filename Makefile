@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test bench bench-short
+.PHONY: setup demo test test-quick test-image bench bench-short
 setup:
 	@bash scripts/bootstrap.sh
 
@@ -16,6 +16,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+test-quick: setup
+	$(PY) -m pytest -m quick $(ARGS)
+
+# The container image and the multi-container runs (root, podman; about 20 minutes the first time).
+test-image:
+	bash docker/test-image.sh
 
 # The benchmark's own peer (not needed by the tests): TFRA 0.7.2 is the last release for TF 2.15.
 bench-setup: setup

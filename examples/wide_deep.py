@@ -4,6 +4,10 @@
 
     mpiexec -np 2 python examples/wide_deep.py [--steps N] [--batch-size B] ...
     python examples/wide_deep.py ...            (one process)
+    shardrec-run -np 2 --checkpoint-dir D -- python examples/wide_deep.py --model-dir D --save-every 100
+
+A run whose --model-dir holds a checkpoint (or that the supervisor restarts from one) restores it
+and continues from its step, on the data that step had not yet read.
 
 Each rank reads its own shard of the data; tables are sharded over the ranks; dense gradients
 are averaged with Horovod's allreduce (the one line a Rec SDK script changes: HCCL -> Horovod).
@@ -27,12 +31,14 @@ from mx_rec.core.embedding import create_table, sparse_lookup  # noqa: E402
 from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
+from shardrec.rank_runtime import report, resume_checkpoint  # noqa: E402
 from shardrec.rank_runtime.logs import get_logger  # noqa: E402
 from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
 from shardrec.rank_runtime.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
 DEEP_DIM = 16
+BLOCK_STEPS = 50
 
 
 def parse_args(argv=None):
@@ -42,7 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-samples", type=int, default=50_000, help="held-out samples for AUC")
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument("--static-shapes", action="store_true", help="init(use_dynamic=False) with send_count")
-    p.add_argument("--model-dir", default="saved-model", help="where the Saver writes")
+    p.add_argument("--model-dir", default="saved-model",
+                   help="where the Saver writes (dir/model-<step>); a checkpoint already there is resumed")
+    p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default 0: at the end only)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--warmup-steps", type=int, default=20,
                    help="steps before the throughput clock starts (session start, table initialisation, first "
@@ -51,6 +59,19 @@ def parse_args(argv=None):
                    help="trace the last N steps to report the row all-to-all's share of step time "
                         "(traced steps are left out of samples/s)")
     return p.parse_args(argv)
+
+
+def train_samples(args, rank, start):
+    """This rank's samples for steps start+1 .. --steps. They are drawn in blocks of BLOCK_STEPS
+    steps, each block from a seed of its own, so step s reads the same samples whatever --steps is
+    and wherever the run started: a resumed run reads exactly what the interrupted one had left."""
+    block = BLOCK_STEPS * args.batch_size
+    first = start // BLOCK_STEPS
+    end = max(first + 1, -(-args.steps // BLOCK_STEPS))
+    parts = [criteo_synth.make_dataset(block, seed=args.seed, sample_seed=[args.seed * 31 + rank, b])
+             for b in range(first, end)]
+    skip, count = start * args.batch_size - first * block, max(0, args.steps - start) * args.batch_size
+    return {name: np.concatenate([p[name] for p in parts])[skip:skip + count] for name in parts[0]}
 
 
 def feature_specs():
@@ -101,12 +122,17 @@ def model_forward(batch, tables, tower, send_count, is_train):
 def main(argv=None):
     args = parse_args(argv)
     tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.set_random_seed(args.seed)
+    # Keras draws an unseeded layer's initial weights from NumPy's global generator: seeding it too
+    # makes a run repeatable (and comparable across launches and hosts).
+    tf.keras.utils.set_random_seed(args.seed)
     init(use_dynamic=not args.static_shapes, train_steps=args.steps)
     rank, size = get_rank_id(), get_rank_size()
 
-    train_samples = args.steps * args.batch_size
-    train_data = criteo_synth.make_dataset(train_samples, seed=args.seed, sample_seed=args.seed * 31 + rank)
+    # The checkpoint to continue from: the one the supervisor hands a restarted attempt, else the
+    # newest complete one of the model directory (a later run of the same job).
+    resume = resume_checkpoint() or tf.train.latest_checkpoint(args.model_dir)
+    start = int(resume.rsplit("-", 1)[1]) if resume else 0
+    train_data = train_samples(args, rank, start)
     eval_data = criteo_synth.make_dataset(args.eval_samples, seed=args.seed, sample_seed=args.seed * 31 + 10_000 + rank)
     train_iterator, train_batch = make_input(train_data, args.batch_size, True, repeat=False)
     eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)
@@ -149,19 +175,23 @@ def main(argv=None):
         return criteo_synth.auc(np.concatenate(labels), np.concatenate(probs))
 
     os.makedirs(args.model_dir, exist_ok=True)
-    ckpt_prefix = os.path.join(args.model_dir, f"model-{rank}")
+    # One path on every rank: each rank writes its shard under it, rank 0 the dense part.
+    ckpt_prefix = os.path.join(args.model_dir, "model")
     with tf.compat.v1.Session() as sess:
         sess.run(train_iterator.initializer)
         sess.run(tf.compat.v1.global_variables_initializer())
+        if resume:
+            saver.restore(sess, resume)
+            log.info("resumed from %s: continuing at step %d of %d", resume, start + 1, args.steps)
         sess.run(hvd.broadcast_variables(dense_variables, root_rank=0))
-        window_start, window_steps, losses, step = time.time(), 0, [], 0
+        window_start, window_steps, losses, step = time.time(), 0, [], start
         # Steady state: the clock runs from after the warm-up steps to the first traced step.
-        warmup = min(args.warmup_steps, max(0, args.steps - args.trace_steps - 1))
+        warmup = start + min(args.warmup_steps, max(0, args.steps - start - args.trace_steps - 1))
         timed_end = args.steps - args.trace_steps
         clock = {}
         shares = []
         exchange = get_world().exchanges["train"]
-        for step in range(1, args.steps + 1):
+        for step in range(start + 1, args.steps + 1):
             if step == warmup + 1:
                 clock["start"], clock["exchange"] = time.time(), exchange.counters()
             if step == timed_end + 1:
@@ -179,6 +209,9 @@ def main(argv=None):
                 break
             losses.append(loss)
             window_steps += 1
+            report(step=step, loss=loss, total_steps=args.steps)
+            if args.save_every and step % args.save_every == 0 and step < args.steps:
+                saver.save(sess, ckpt_prefix, global_step=step)
             if step % args.log_every == 0 or step == args.steps:
                 rate = window_steps * args.batch_size * size / (time.time() - window_start)
                 log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
@@ -188,13 +221,15 @@ def main(argv=None):
         if "start" not in clock:  # the data ended during the warm-up
             clock["start"], clock["exchange"] = clock["end"], clock["exchange_end"]
         timed_steps = max(0, min(step, timed_end) - warmup)
+        if not losses:
+            losses = [float("nan")]  # resumed at the last step: nothing left to train
         train_seconds = clock["end"] - clock["start"]
         exchange_s = clock["exchange_end"]["seconds_total"] - clock["exchange"]["seconds_total"]
         collectives_s = clock["exchange_end"]["seconds_in_collectives"] - clock["exchange"]["seconds_in_collectives"]
-        path = saver.save(sess, ckpt_prefix, global_step=step)
+        path = saver.save(sess, ckpt_prefix, global_step=step) if step > start else resume
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)
-    summary = (f"SUMMARY rank={rank}/{size} steps={step} first_loss={np.mean(losses[:20]):.4f} "
+    summary = (f"SUMMARY rank={rank}/{size} steps={step} resumed_from={start} first_loss={np.mean(losses[:20]):.4f} "
                f"final_loss={np.mean(losses[-20:]):.4f} eval_auc={auc:.4f} "
                f"samples_per_s={timed_steps * args.batch_size * size / max(train_seconds, 1e-9):.0f} "
                f"key_exchange_s={exchange_s:.2f} key_collectives_s={collectives_s:.2f} "

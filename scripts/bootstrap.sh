@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates or refreshes .venv with every pinned dependency and builds the native module.
 # Idempotent: each stage leaves a stamp keyed by its inputs, so a second call returns in seconds.
+# `--deps-only` stops before the native core (docker/Dockerfile installs the dependencies in a layer
+# of their own, before the sources are copied in).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
@@ -43,6 +45,8 @@ if [ "$(cat "$venv/.deps-stamp" 2>/dev/null)" != "$req_hash" ]; then
   echo "$req_hash" > "$venv/.deps-stamp"
   rm -f "$venv/.native-stamp"
 fi
+
+[ "${1:-}" = "--deps-only" ] && exit 0
 
 # The native module: rebuilt whenever a source or build file changed.
 native_hash=$(cat "$root"/native/src/* "$root/setup.py" "$root/pyproject.toml" 2>/dev/null | sha256sum | cut -c1-16)

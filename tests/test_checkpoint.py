@@ -51,6 +51,7 @@ def saved(tmp_path_factory):
     return d
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("src,dst", [(2, 1), (1, 4), (4, 2)])
 def test_reshard_restores_every_key_with_its_rows_and_slots(saved, src, dst):
     check(mpiexec(dst, JOB, "--out", saved, "--tag", f"re{src}to{dst}", "--restore",
@@ -76,6 +77,7 @@ def test_dense_part_is_written_once_and_every_rank_writes_its_shard(saved):
     assert sorted(os.listdir(saved / "n4" / "sparse-model-10")) == [f"rank-{r}-of-4" for r in range(4)]
 
 
+@pytest.mark.quick
 def test_resume_is_exact_on_two_ranks(saved, tmp_path):
     check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "straight", "--start", 0, "--end", 20, timeout=240))
     check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "resumed", "--start", 10, "--end", 20, "--restore",

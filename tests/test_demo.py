@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The categorical features must add this much AUC over the best dense-only model.
 EMBEDDING_MARGIN = 0.10
@@ -30,7 +32,7 @@ def test_wide_deep_demo_learns(tmp_path):
     line = proc.stdout[summary.start():].splitlines()[0]
     assert "nan" not in line and "row_exchange_share=n/a" in line, line
     assert "[rank 0/1]" in proc.stderr and "samples/s" in proc.stderr
-    assert any(name.startswith("model-0-250") for name in os.listdir(tmp_path))
+    assert {"model-250.index", "sparse-model-250"} <= set(os.listdir(tmp_path)), os.listdir(tmp_path)
 
 
 def test_estimator_example_trains_and_evaluates_on_two_ranks(tmp_path):
@@ -43,3 +45,24 @@ def test_estimator_example_trains_and_evaluates_on_two_ranks(tmp_path):
     for _, step, auc in summaries:
         assert int(step) == 120 and float(auc) >= 0.70
     assert sorted(os.listdir(tmp_path / "sparse-model.ckpt-120")) == ["rank-0-of-2", "rank-1-of-2"]
+
+
+def test_the_demo_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
+    """Run 1 stops at step 40 (a checkpoint every 20 steps); run 2, started on the same model
+    directory, continues at step 41; both tables, slots included, end bit-equal to one run of 80 steps."""
+    from mpi_helpers import check, mpiexec
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+
+    demo = os.path.join(ROOT, "examples", "wide_deep.py")
+    args = ("--batch-size", "128", "--eval-samples", "1024", "--log-every", "20")
+    check(mpiexec(2, demo, "--steps", "40", "--save-every", "20", "--model-dir", tmp_path / "resumed", *args))
+    second = check(mpiexec(2, demo, "--steps", "80", "--model-dir", tmp_path / "resumed", *args))
+    assert f"resumed from {tmp_path / 'resumed' / 'model-40'}: continuing at step 41 of 80" in second.stderr
+    assert "SUMMARY rank=0/2 steps=80 resumed_from=40" in second.stdout
+    check(mpiexec(2, demo, "--steps", "80", "--model-dir", tmp_path / "once", *args))
+    for table in ("deep_table", "wide_table"):
+        resumed, once = (table_rows(find_checkpoints(str(tmp_path / d))[-1], table) for d in ("resumed", "once"))
+        a, b = np.argsort(resumed["keys"]), np.argsort(once["keys"])
+        assert np.array_equal(resumed["keys"][a], once["keys"][b])
+        for name in resumed:
+            assert np.array_equal(resumed[name][a], once[name][b]), f"{table} {name}"

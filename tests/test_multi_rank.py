@@ -10,6 +10,8 @@ import pytest
 
 from mpi_helpers import check, mpiexec
 
+pytestmark = pytest.mark.quick
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

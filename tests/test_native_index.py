@@ -4,6 +4,8 @@ import pytest
 from shardrec.native import core as native
 from mpi4py import MPI
 
+pytestmark = pytest.mark.quick
+
 
 def insert_batch(index, keys):
     """Dedup then allocate, as the owner does for one batch: (slots of unique keys, restore)."""

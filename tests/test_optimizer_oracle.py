@@ -8,6 +8,8 @@ from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all
 from shardrec.rank_runtime import config, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
 
+pytestmark = pytest.mark.quick
+
 STEPS, BATCH, FIELDS, DIM = 60, 8, 3, 4
 POOL = np.array([-(2**40), -17, -3, -1, 0, 1, 2, 5, 9, 11, 2**33, 2**40 + 7, 99, 123456789, -987654321], np.int64)
 WEIGHTS = np.random.default_rng(3).normal(size=(FIELDS, DIM)).astype(np.float32)

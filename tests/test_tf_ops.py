@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from shardrec.rank_runtime import native_ops
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
 def test_row_gather_and_its_gradient_equal_tensorflow_s(graph, index_dtype):
