@@ -39,6 +39,7 @@ cleanup() {
   [ $code -eq 0 ] && log "PASSED in $(( $(date +%s) - started )) s" || log "exit $code after $(( $(date +%s) - started )) s"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM  # so that an interrupted run cleans up too
 
 [ "$(id -u)" = 0 ] || fail "run as root (podman rootful and network namespaces): sudo bash $0"
 missing=()
