@@ -20,7 +20,7 @@ test: setup
 test-quick: setup
 	$(PY) -m pytest -m quick $(ARGS)
 
-# The container image and the multi-container runs (root, podman; about 20 minutes the first time).
+# The container image and the multi-container runs (root, podman; about 12 minutes the first time on 2 cores).
 test-image:
 	bash docker/test-image.sh
 

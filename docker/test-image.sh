@@ -63,7 +63,7 @@ if ! pm image exists "$base"; then
 fi
 
 # 2. The image, from docker/Dockerfile as users build it, with the base as its build argument.
-log "building $image (first time: about 10 minutes; later builds reuse the layers)"
+log "building $image (first time: about 5 minutes on 2 cores; later builds reuse the layers)"
 secret=()
 [ -s /etc/ssl/certs/ca-certificates.crt ] && secret=(--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt)
 # The builder stage gets a tag of its own so that pruning what earlier builds left (below) keeps its
