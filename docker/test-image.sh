@@ -3,14 +3,16 @@
 # proves it: no compiler and a non-root user in the runtime image; the quick test subset inside it;
 # the main job on 2 ranks writing its checkpoint to a host directory; a second container restoring
 # that checkpoint and continuing from its step; two containers as two hosts (each its own network
-# namespace, mpiexec reaching the second over ssh) whose tables equal the single-host run's (abs 1e-5).
+# namespace, mpiexec reaching the second over ssh) whose tables equal the single-host run's (abs 1e-5);
+# docker/compose.yaml run with podman-compose, a worker's rank killed mid-run and the job restarted
+# by the supervisor from its checkpoint, then continued by a second `up`.
 #
 #   sudo bash docker/test-image.sh          (root: podman rootful, network namespaces)
 #
 # Environment: SHARDREC_PODMAN_STORE (default /var/tmp/shardrec-podman) keeps podman's images, so a
 # second run reuses the base and the build's layers; SHARDREC_IMAGE (default localhost/shardrec:test);
-# KEEP=1 keeps the work directory. Containers, network namespaces and the work directory are removed
-# at the end, whatever happened; built images stay cached.
+# KEEP=1 keeps the work directory. Containers, compose volumes, network namespaces and the work
+# directory are removed at the end, whatever happened; built images stay cached.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 store=${SHARDREC_PODMAN_STORE:-/var/tmp/shardrec-podman}
