@@ -18,13 +18,10 @@ home=/home/shardrec
 wait_for_hosts() {
   python - "$@" <<'PY'
 import os, socket, sys, time
-args, hosts = sys.argv[1:], []
-for flag, value in zip(args, args[1:]):
-    if flag in ("-H", "--host"):
-        hosts += [h.split(":")[0] for h in value.split(",") if h]
-    elif flag == "--hostfile":
-        with open(value) as f:
-            hosts += [line.split()[0] for line in f if line.split() and not line.startswith("#")]
+from shardrec.launch.run_cli import host_names
+args = sys.argv[1:]
+given = {flag: value for flag, value in zip(args, args[1:]) if flag in ("-H", "--host", "--hostfile")}
+hosts = [name for name, _ in host_names(given.get("-H") or given.get("--host"), given.get("--hostfile"))]
 deadline = time.monotonic() + float(os.environ.get("SHARDREC_WAIT_FOR_HOSTS_S", "120"))
 me = socket.gethostname().split(".")[0]
 for host in [h for h in hosts if h.split(".")[0] != me]:  # this host's ranks start without ssh

@@ -79,6 +79,8 @@ done
 pm image prune -f > /dev/null
 log "built: $(pm image inspect --format '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1/1e9}')"
 run() { pm run --rm "${run_flags[@]}" "$@"; }
+# The hosts every rank of every attempt under checkpoint directory $1 beat from (their heartbeats).
+hosts_of() { cat "$1"/runs/*/attempt-*/heartbeat/rank-*.json | grep -o '"host": "[^"]*"' | sort -u | tr '\n' ' '; }
 
 # 3. The runtime image: a non-root user, and nothing that compiles.
 user=$(pm image inspect --format '{{.Config.User}}' "$image")
@@ -136,7 +138,7 @@ run --name "$tag-h1" --network "ns:/run/netns/$tag-h1" --hostname "$tag-h1" "${h
   --mpiexec-arg=--mca --mpiexec-arg=oob_tcp_if_include --mpiexec-arg="$subnet.0/24" \
   > "$work/run3.log" 2>&1 || { tail -40 "$work/run3.log"; pm logs "$tag-h2" 2>&1 | tail -10; fail "run 3"; }
 grep -q "SUMMARY rank=0/2 steps=120 resumed_from=0" "$work/run3.log" || fail "run 3 did not end at step 120"
-hosts_seen=$(cat "$work"/two-hosts/runs/*/attempt-0/heartbeat/rank-*.json | grep -o '"host": "[^"]*"' | sort -u | tr '\n' ' ')
+hosts_seen=$(hosts_of "$work/two-hosts")
 [ "$hosts_seen" = "\"host\": \"$tag-h1\" \"host\": \"$tag-h2\" " ] || fail "run 3's ranks did not run on the two hosts: $hosts_seen"
 log "run 3 ranks ran on: $hosts_seen"
 
@@ -205,7 +207,7 @@ compose_wait compose2
 grep -q "resumed from /checkpoints/model-200: continuing at step 201 of 240" "$work/compose2.log" \
   && grep -q "SUMMARY rank=0/2 steps=240 resumed_from=200" "$work/compose2.log" \
   || { tail -30 "$work/compose2.log"; fail "the second compose up did not continue from step 200"; }
-hosts_seen=$(cat "$volume"/runs/*/attempt-*/heartbeat/rank-*.json | grep -o '"host": "[^"]*"' | sort -u | tr '\n' ' ')
+hosts_seen=$(hosts_of "$volume")
 [ "$hosts_seen" = '"host": "worker-1" "host": "worker-2" ' ] || fail "the compose job's ranks ran on: $hosts_seen"
 compose down -v -t 0 > /dev/null 2>&1
 log "compose: ranks on worker-1 and worker-2; restarted by the supervisor from $(grep -a -o -E 'from /checkpoints/model-[0-9]+' "$work/compose1.log" | head -1 | cut -d' ' -f2); a second up continued from step 200"

@@ -35,7 +35,7 @@ def _check_command(command):
             raise ValueError(f"{args[0]!r}: no such script (relative to {os.getcwd()})")
 
 
-def _host_names(hosts, hostfile):
+def host_names(hosts, hostfile):
     """(name, where it was given) of every host in -H and the hostfile."""
     names = [(h.split(":")[0], "-H") for h in (hosts or "").split(",") if h.strip()]
     if hostfile:
@@ -50,7 +50,7 @@ def _host_names(hosts, hostfile):
 def _check_hosts(hosts, hostfile):
     """Every host name must resolve here: a typo fails before anything starts, not as a launch
     timeout. (Whether a host answers is known only when mpiexec reaches it; the supervisor names it.)"""
-    for name, where in _host_names(hosts, hostfile):
+    for name, where in host_names(hosts, hostfile):
         try:
             socket.getaddrinfo(name, None)
         except socket.gaierror as e:
