@@ -1,9 +1,15 @@
 """Everything that runs inside one rank: init, tables, lookups, the key pipeline, sparse optimizers.
 
 Names are loaded on first use: importing this package (or mx_rec) starts no MPI, imports no
-TensorFlow by itself and patches nothing; init() does what must be done process-wide.
+TensorFlow by itself and patches nothing of TensorFlow; init() does what must be done process-wide.
+The one exception is exit_hooks.py's: from the import on, a rank that fails while MPI runs (even
+before init()) ends the whole job instead of leaving its peers waiting.
 """
 import importlib
+
+from . import exit_hooks
+
+exit_hooks.install()
 
 _EXPORTS = {
     "EmbeddingTable": ".table", "create_table": ".table",

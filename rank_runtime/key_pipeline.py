@@ -172,10 +172,10 @@ class InsertFunction:
                 raise KeyError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} reads dataset key "
                                f"{key!r}, which the dataset does not have; it has: {sorted(map(str, element_spec))}")
             spec = element_spec[key]
-            if spec.dtype != tf.int64 or (spec.shape.rank is not None and spec.shape.rank != 1):
+            if spec.dtype != tf.int64 or not _one_per_sample(spec.shape):
                 raise TypeError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} is "
                                 f"{spec.dtype.name} of shape {spec.shape}; timestamps must be int64 seconds of shape "
-                                "[batch] (one per sample)")
+                                "[batch] or [batch, 1] (one per sample)")
 
     def _exchange(self, batch, is_end):
         batch = dict(batch)
@@ -202,6 +202,11 @@ class InsertFunction:
         processed = marked.map(self._exchange)
         processed = processed.take_while(lambda batch, stop: tf.logical_not(stop))
         return processed.map(lambda batch, stop: batch)
+
+
+def _one_per_sample(shape):
+    """[batch], or [batch, 1] as the Rec SDK's examples build every feature column."""
+    return shape.rank is None or shape.rank == 1 or (shape.rank == 2 and shape[1] == 1)
 
 
 def _timestamp_spec(specs, stamps, is_training):

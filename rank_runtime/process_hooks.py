@@ -1,24 +1,14 @@
-"""Everything shardrec changes outside its own objects, in one place, applied by init() and never
-on import: TensorFlow patches (Dataset.map, the Saver, get_checkpoint_state), environment
-defaults for ranks that share a host, and the hooks that end the whole job when one rank fails.
+"""What init() changes outside shardrec's own objects, never an import: TensorFlow patches
+(Dataset.map, the Saver, get_checkpoint_state) and environment defaults for ranks that share a
+host. The hooks that end the whole job when one rank fails are exit_hooks.py's.
 """
-import atexit
 import os
-import sys
-import traceback
 
 from .logs import get_logger
 
 log = get_logger("shardrec.process")
 
 _applied = set()
-# The statuses sys.exit was called with (end_job_on_failure): what tells a failing exit.
-_exit_status = []
-
-
-def exit_failed():
-    """Whether this process is exiting through sys.exit with a failure status."""
-    return bool(_exit_status) and _exit_status[-1] not in (None, 0)
 
 
 def patch_tensorflow():
@@ -81,43 +71,3 @@ def share_cores(local_size, exchange_timeout_s):
     os.environ.update(applied)
     if applied:
         log.info("defaults applied: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
-
-
-def end_job_on_failure(comm):
-    """From the moment MPI starts: an uncaught error or a non-zero exit on this rank ends the whole
-    job at once (MPI_Abort with the rank's status), with a line naming the rank and the cause. The
-    other ranks would otherwise wait in their next collective."""
-    if "exit" in _applied:
-        return
-    _applied.add("exit")
-    rank, size = comm.Get_rank(), comm.Get_size()
-    previous_hook = sys.excepthook
-    previous_exit = sys.exit
-
-    def excepthook(exc_type, exc, tb):
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1):\n{text}")
-        sys.stderr.flush()
-        if issubclass(exc_type, KeyboardInterrupt):
-            previous_hook(exc_type, exc, tb)
-        comm.Abort(1)
-
-    def exit(status=None):  # noqa: A001 - it is sys.exit
-        _exit_status.append(status)
-        previous_exit(status)
-
-    def at_exit():
-        # SystemExit reaches no excepthook: sys.exit's status is what tells a failure.
-        if not exit_failed():
-            return
-        status = _exit_status[-1]
-        code = status if isinstance(status, int) else 1
-        sys.stderr.write(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job "
-                         f"(MPI_Abort, status {code})\n")
-        sys.stderr.flush()
-        comm.Abort(code)
-
-    sys.excepthook = excepthook
-    sys.exit = exit
-    # Registered after mpi4py's import, so it runs before MPI is finalised.
-    atexit.register(at_exit)

@@ -4,8 +4,8 @@ for its row exchange (rows, gradients), so that the native all-to-alls never mee
 collectives or each other.
 
 MPI starts here, in init(), and not when a module is imported (importing mpi4py.MPI, or the
-native module that links it, starts MPI). From that moment an uncaught error or a non-zero exit
-on any rank ends the whole job at once, naming the rank and its status (process_hooks.py).
+native module that links it, starts MPI). While MPI runs, an uncaught error or a non-zero exit
+on any rank ends the whole job at once, naming the rank and its status (exit_hooks.py).
 """
 import atexit
 import os
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from . import process_hooks
+from . import exit_hooks, process_hooks
 from .logs import get_logger, set_rank
 
 log = get_logger("shardrec.world")
@@ -51,8 +51,6 @@ class World:
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
         node.Free()
-        if self.size > 1:
-            process_hooks.end_job_on_failure(comm)
         process_hooks.share_cores(self.local_size, timeout)
         import horovod.tensorflow as hvd
 
@@ -66,7 +64,7 @@ class World:
         self._comms = {name: comm.Dup() for name in CHANNELS}
         self.exchanges = {name: native_core.KeyExchange(self._comms[name], name, name == "train", timeout)
                           for name in CHANNELS}
-        # atexit runs the last registered first: this runs before end_job_on_failure's hook.
+        # atexit runs the last registered first: this runs before exit_hooks' check.
         atexit.register(self._leave_channels)
         self._helper = comm.Dup()
         self._helper_broken = None
@@ -102,9 +100,10 @@ class World:
 
     def _leave_channels(self):
         """At a clean exit: a peer still waiting in a key exchange round for this rank (its prefetch
-        had started one batch more when the sessions closed) sees this rank out of data and ends
-        its data, instead of waiting for the exchange timeout."""
-        if not process_hooks.exit_failed():
+        had started one batch more when the sessions closed), or one that runs a pass after this
+        rank left (an evaluation on rank 0 alone), fails that round at once naming this rank,
+        instead of waiting for the exchange timeout or passing over this rank's part of the tables."""
+        if not exit_hooks.exit_failed():
             for exchange in self.exchanges.values():
                 exchange.leave()
 

@@ -240,6 +240,53 @@ def test_admission_threshold_zero_trains_exactly_as_without_admission():
         np.testing.assert_array_equal(admitted[key], row)
 
 
+def _train_with_timestamps(shape):
+    """A single-rank run with admission and eviction by step interval, its timestamps shaped `shape`
+    ((-1,): [batch]; (-1, 1): [batch, 1]); returns the table's rows, counts, timestamps and pending keys."""
+    from mx_rec.core.feature_process import EvictHook
+    from shardrec.rank_runtime.optimizers.lazy_adam import create_hash_optimizer
+
+    config.init()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 300, size=(512, 3)).astype(np.int64)
+    stamps = (1000 + np.arange(512) // 2).astype(np.int64).reshape(shape)  # a second every 2 samples
+    spec = FeatureSpec("ids", table_name="t", access_threshold=2, eviction_threshold=60)
+    iterator, batch = batched_iterator({"ids": ids, "ts": stamps}, 32, [spec, FeatureSpec("ts", is_timestamp=True)])
+    table = create_table(tf.int64, 4, "t", tf.compat.v1.constant_initializer(0.1),
+                         device_vocabulary_size=512)
+    emb = sparse_lookup(table, spec, batch=batch)
+    _, sparse = get_dense_and_sparse_variable()
+    loss = tf.reduce_sum(tf.square(emb - 0.5))
+    train = tf.group(create_hash_optimizer(learning_rate=0.05).apply_gradients(zip(tf.gradients(loss, sparse), sparse)),
+                     tf.compat.v1.train.get_or_create_global_step().assign_add(1))
+    start_asc_pipeline()
+    hook = EvictHook(evict_step_interval=4, evict_time_interval=None)
+    with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+        sess.run(iterator.initializer)
+        while not sess.should_stop():
+            try:
+                sess.run(train)
+            except tf.errors.OutOfRangeError:
+                break
+        rows = table.export(None)
+    keys, slots = table.index.export()
+    counts, last_seen = table.index.read_metadata(slots)
+    state = {"rows": dict(zip(rows["keys"].tolist(), rows["values"].tolist())),
+             "metadata": dict(zip(keys.tolist(), zip(counts.tolist(), last_seen.tolist()))),
+             "pending": [a.tolist() for a in table.index.export_pending()], "evicted": table.index.counters()["evicted"]}
+    config.terminate_config_initializer()
+    return state
+
+
+def test_a_timestamp_column_of_batch_by_1_trains_exactly_as_one_of_batch():
+    with tf.Graph().as_default():
+        flat = _train_with_timestamps((-1,))
+    with tf.Graph().as_default():
+        column = _train_with_timestamps((-1, 1))
+    assert flat["evicted"] > 0 and flat["rows"], "the timestamps decided evictions"
+    assert column == flat
+
+
 def _dataset(**columns):
     return tf.data.Dataset.from_tensor_slices(columns).batch(4)
 
@@ -261,7 +308,12 @@ BAD = [
     ("a timestamp feature of samples x 2",
      lambda: _dataset(ids=np.zeros((8, 2), np.int64), ts=np.zeros((8, 2), np.int64)).map(get_asc_insert_func(
          [FeatureSpec("ids", table_name="t"), FeatureSpec("ts", is_timestamp=True)])),
-     TypeError, r"is_timestamp feature 'ts' is int64 of shape \(None, 2\)"),
+     TypeError, r"is_timestamp feature 'ts' is int64 of shape \(None, 2\); timestamps must be int64 seconds of "
+                r"shape \[batch\] or \[batch, 1\]"),
+    ("a timestamp feature of samples x 1 x 1",
+     lambda: _dataset(ids=np.zeros((8, 2), np.int64), ts=np.zeros((8, 1, 1), np.int64)).map(get_asc_insert_func(
+         [FeatureSpec("ids", table_name="t"), FeatureSpec("ts", is_timestamp=True)])),
+     TypeError, r"is_timestamp feature 'ts' is int64 of shape \(None, 1, 1\)"),
     ("a timestamp feature with a table", lambda: FeatureSpec("ts", table_name="t", is_timestamp=True),
      ValueError, r"is_timestamp=True .* cannot also take table_name"),
     ("a timestamp feature with thresholds", lambda: FeatureSpec("ts", access_threshold=2, is_timestamp=True),

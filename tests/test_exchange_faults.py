@@ -1,11 +1,15 @@
 """What one rank decides, every rank learns in the same round; no collective waits for ever. Each
 case runs tests/mpi_jobs/exchange_faults.py under a real mpiexec with 2 ranks."""
+import os
 import re
+import sys
 import time
 
 import numpy as np
+import pytest
 
-from mpi_helpers import check, mpiexec
+from mpi_helpers import JOBS, check, mpiexec
+from supervisor_helpers import shardrec_run
 
 JOB = "exchange_faults.py"
 
@@ -86,6 +90,48 @@ def test_a_rank_that_fails_before_init_ends_the_job():
     assert proc.returncode != 0
     assert time.monotonic() - started < 60
     assert "RuntimeError: rank 1 fails before init()" in proc.stderr
+
+
+@pytest.mark.parametrize("mode,status", [("mpi_raise_before_init", "FileNotFoundError"),
+                                         ("mpi_exit_before_init", "exiting with status 4")])
+def test_a_rank_that_fails_before_init_after_starting_mpi_itself_ends_the_job_in_seconds(mode, status):
+    """The peer is inside init()'s first collective, and the failing rank's own MPI_Finalize would
+    wait for it: without the exit hooks of the import, the job never ended."""
+    started = time.monotonic()
+    proc = mpiexec(2, JOB, mode, timeout=120)
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert took < 15, f"the job took {took:.0f} s to end"
+    assert "MPI_ABORT was invoked on rank 1" in proc.stderr
+    assert re.search(rf"\[rank 1/2\] (uncaught error|exiting with status 4), ending the whole job", proc.stderr)
+    assert status in proc.stderr
+
+
+def test_a_supervised_rank_that_fails_before_init_is_named_by_the_supervisor(tmp_path):
+    started = time.monotonic()
+    proc = shardrec_run("-np", 2, "--max-restarts", 0, "--run-dir", tmp_path / "run", "--",
+                        sys.executable, os.path.join(JOBS, JOB), "mpi_raise_before_init", timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 15
+    assert "attempt 0 failed: rank 1 failed (status 1)" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_evaluation_after_a_rank_left_fails_on_every_rank_that_runs_it(ranks):
+    """Rank 1 trains with the others, then exits; the evaluation pass of the ranks still there must
+    not report success over 0 batches (or over their own shards' rows alone)."""
+    started = time.monotonic()
+    proc = mpiexec(ranks, JOB, "eval_after_exit", timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60
+    evaluating = [r for r in range(ranks) if r != 1]
+    assert "evaluated" not in proc.stdout
+    messages = errors(proc)
+    assert sorted(messages) == [str(r) for r in evaluating], proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in evaluating:
+        assert (f"key exchange 'eval' (rank {rank} of {ranks}): rank(s) 1 left the job (the process exited) while "
+                "this rank still runs a pass on this channel") in messages[str(rank)]
+    assert "run it on every rank" in proc.stderr
 
 
 def test_a_rank_without_data_is_named_in_a_warning_on_every_rank():

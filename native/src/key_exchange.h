@@ -95,8 +95,9 @@ class KeyExchange {
     evict_every_ = 0;
   }
   // At exit: tells every peer's pending (or next) status round on this channel that this rank has
-  // no more data. A peer whose prefetch had started one batch more than this rank when the
-  // sessions closed would otherwise wait for this rank until the timeout; it ends its data instead.
+  // left. A peer whose prefetch had started one batch more than this rank when the sessions closed
+  // would otherwise wait for this rank until the timeout; that round fails at once instead, and so
+  // does a pass a peer runs without this rank (throw_if_a_rank_left).
   void leave() {
     if (left_ || comm_.world() == 1) return;
     left_ = true;
@@ -147,7 +148,7 @@ class KeyExchange {
     kBadTsValue,
     kWords
   };
-  // The signature of a rank that left (leave()): out of data, whatever features the round is for.
+  // The signature of a rank that left (leave()), whatever features the round is for.
   static constexpr int64_t kLeft = INT64_MIN;
 
   bool run_checked(const FeatureSet& fs, std::vector<RouterInput> keys, bool has_data,
@@ -182,6 +183,7 @@ class KeyExchange {
 
     std::vector<int64_t> all(static_cast<size_t>(kWords) * world);
     comm_.gather_status(status, kWords, all.data(), "status round");
+    throw_if_a_rank_left(all);
     for (int r = 0; r < world; ++r) {
       const int64_t signature = all[r * kWords + kSignature];
       if (signature != fs.signature && signature != kLeft) throw_feature_mismatch(fs);
@@ -280,6 +282,23 @@ class KeyExchange {
         }
       }
     }
+  }
+
+  // A rank that left the job (its process exited, leave()) holds a part of every table that it can
+  // no longer serve: a pass without it would look up nothing there and report a result over part
+  // of the data. Every rank still in the round gets this in the same round.
+  void throw_if_a_rank_left(const std::vector<int64_t>& all) const {
+    std::string left;
+    for (int r = 0; r < comm_.world(); ++r)
+      if (all[static_cast<size_t>(r) * kWords + kSignature] == kLeft)
+        left += (left.empty() ? "" : ", ") + std::to_string(r);
+    if (left.empty()) return;
+    throw ExchangeError("key exchange '" + comm_.channel() + "' (rank " + std::to_string(comm_.rank()) + " of " +
+                        std::to_string(comm_.world()) + "): rank(s) " + left +
+                        " left the job (the process exited) while this rank still runs a pass on this channel. "
+                        "Every rank holds a part of every sharded table, so a pass (an evaluation above all) needs "
+                        "every rank: run it on every rank, each with its own shard of the data (an empty one "
+                        "takes part too), and let each rank exit only after the last pass");
   }
 
   void throw_feature_mismatch(const FeatureSet& fs) {

@@ -9,6 +9,11 @@
     exit_status      rank 1 calls sys.exit(3) while rank 0 trains on
     step_one_rank    both ranks' pipelines run, but only rank 0 runs a training step (short timeout)
     raise_before_init  rank 1 raises after importing mx_rec, before init()
+    mpi_raise_before_init  the same after the script started MPI itself (mpi4py, to read its rank): the
+                     FileNotFoundError of a wrong data path on one host
+    mpi_exit_before_init   likewise, rank 1 calls sys.exit(4) instead
+    eval_after_exit  every rank trains; rank 1 exits, the others run an evaluation pass
+                     (run it on 2 or 3 ranks)
     empty_rank       rank 1's dataset is empty
     stop_early       both ranks run 3 of 40 steps and exit; rank 0's prefetch runs on for 3 s first
     extra_lookup     rank 1 looks its feature up twice, rank 0 once
@@ -209,6 +214,39 @@ def stop_early():
     say(f"RESULT rank={rank} closed")
 
 
+def eval_after_exit():
+    """Every rank trains; rank 1 then exits (evaluation left to the others, the classic mistake) and
+    the ranks still in the job run an evaluation pass, which must fail on each of them."""
+    init()
+    rank = get_rank_id()
+    ids = np.arange(64).reshape(32, 2) + 100 * rank
+    iterator, loss, tables = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8)
+    step = train_op(loss)
+    spec = FeatureSpec("eval_ids", table_name="t")
+    evaluation = tf.data.Dataset.from_tensor_slices({"eval_ids": ids}).batch(8)
+    eval_iterator = tf.compat.v1.data.make_initializable_iterator(
+        evaluation.map(get_asc_insert_func([spec], is_training=False)))
+    emb = sparse_lookup(tables["t"], spec, batch=eval_iterator.get_next(), is_train=False)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, step, rank)
+        if rank == 1:
+            return
+        sess.run(eval_iterator.initializer)
+        batches = 0
+        try:
+            while True:
+                sess.run(emb)
+                batches += 1
+        except tf.errors.OutOfRangeError:
+            say(f"RESULT rank={rank} evaluated {batches} batches")
+        except tf.errors.OpError as e:
+            say(f"ERROR rank={rank}: {first_line(e)}")
+            time.sleep(2)  # the other evaluating rank prints its own before this one ends the job
+            raise
+
+
 def extra_lookup():
     """The ranks build different lookups: both must stop at start_asc_pipeline, naming the difference."""
     init()
@@ -235,6 +273,17 @@ if __name__ == "__main__":
     elif MODE == "raise_before_init":
         if int(__import__("os").environ.get("OMPI_COMM_WORLD_RANK", "0")) == 1:
             raise RuntimeError("rank 1 fails before init()")
+        init()
+        say("RESULT rank=0 initialised")
+        get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world
+        get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
+    elif MODE in ("mpi_raise_before_init", "mpi_exit_before_init"):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            if MODE == "mpi_exit_before_init":
+                sys.exit(4)
+            open("/nonexistent/shardrec-test-data.csv")
         init()
         say("RESULT rank=0 initialised")
         get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world

@@ -1,0 +1,90 @@
+"""A rank that fails ends the whole MPI job at once, naming itself, instead of leaving its peers
+waiting in their next collective.
+
+Installed when ``shardrec.rank_runtime`` (or ``mx_rec``) is imported, the one thing an import
+does to the process: a script often starts MPI itself (``from mpi4py import MPI`` to read its rank
+and pick its data) and fails before it calls init(), on a wrong path on one host, say. Its peer is
+then inside init()'s first collective, and the failing rank's own exit hangs too, because MPI_Finalize
+waits for every rank. The hooks act only while MPI runs in this process with more than one rank,
+so a script without MPI, or one rank alone, exits as Python always does.
+
+- An uncaught error: a line naming the rank and the traceback, then MPI_Abort(1).
+- ``sys.exit`` with a failing status: a line naming the rank and the status, then MPI_Abort(status).
+  (SystemExit reaches no excepthook, so the status is recorded by a wrapper of sys.exit and acted on
+  at exit; Python's atexit handlers run before mpi4py finalises MPI, which it does at the C level.)
+"""
+import atexit
+import os
+import sys
+import traceback
+
+# The statuses sys.exit was called with: what tells a failing exit.
+_exit_status = []
+_installed = []
+
+
+def exit_failed():
+    """Whether this process is exiting through sys.exit with a failure status."""
+    return bool(_exit_status) and _exit_status[-1] not in (None, 0)
+
+
+def _running_world():
+    """(rank, size, COMM_WORLD) while MPI runs here with more than one rank, else None. Never
+    starts MPI: only a module someone already imported is asked."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return None
+    comm = mpi.COMM_WORLD
+    return (comm.Get_rank(), comm.Get_size(), comm) if comm.Get_size() > 1 else None
+
+
+def _launcher_rank():
+    """The rank mpiexec gave this process (its environment), for a rank that fails before MPI runs."""
+    rank, size = os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_COMM_WORLD_SIZE")
+    return f"[rank {rank}/{size}] " if rank is not None and size is not None else ""
+
+
+def _say(text):
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def install():
+    """Idempotent: wraps sys.excepthook and sys.exit, registers the at-exit check."""
+    if _installed:
+        return
+    _installed.append(True)
+    previous_hook, previous_exit = sys.excepthook, sys.exit
+
+    def excepthook(exc_type, exc, tb):
+        world = _running_world()
+        if world is None:
+            prefix = _launcher_rank()
+            if prefix:
+                _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits):\n")
+            previous_hook(exc_type, exc, tb)
+            return
+        rank, size, comm = world
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        _say(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1):\n{text}")
+        if issubclass(exc_type, KeyboardInterrupt):
+            previous_hook(exc_type, exc, tb)
+        comm.Abort(1)
+
+    def exit(status=None):  # noqa: A001 - it is sys.exit
+        _exit_status.append(status)
+        previous_exit(status)
+
+    def at_exit():
+        world = _running_world()
+        if world is None or not exit_failed():
+            return
+        rank, size, comm = world
+        status = _exit_status[-1]
+        code = status if isinstance(status, int) else 1
+        _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")
+        comm.Abort(code)
+
+    sys.excepthook = excepthook
+    sys.exit = exit
+    atexit.register(at_exit)
