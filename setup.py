@@ -25,6 +25,7 @@ native = Pybind11Extension(
     cxx_std=17,
     extra_compile_args=["-O3"] + mpicxx_flags("compile"),
     extra_link_args=mpicxx_flags("link"),
+    libraries=["z"],  # zlib's CRC-32 of checkpoint files written natively (array_file.h)
 )
 
 

@@ -28,13 +28,17 @@ def exit_failed():
     return bool(_exit_status) and _exit_status[-1] not in (None, 0)
 
 
-def _running_world():
-    """(rank, size, COMM_WORLD) while MPI runs here with more than one rank, else None. Never
-    starts MPI: only a module someone already imported is asked."""
+def _mpi_running():
+    """Whether MPI runs in this process. Never starts it: only a module someone imported is asked."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def _running_world():
+    """(rank, size, COMM_WORLD) while MPI runs here with more than one rank, else None."""
+    if not _mpi_running():
         return None
-    comm = mpi.COMM_WORLD
+    comm = sys.modules["mpi4py.MPI"].COMM_WORLD
     return (comm.Get_rank(), comm.Get_size(), comm) if comm.Get_size() > 1 else None
 
 
@@ -60,7 +64,7 @@ def install():
         world = _running_world()
         if world is None:
             prefix = _launcher_rank()
-            if prefix:
+            if prefix and not _mpi_running():
                 _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits):\n")
             previous_hook(exc_type, exc, tb)
             return

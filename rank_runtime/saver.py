@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
@@ -42,12 +41,11 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training import saver as saver_lib
 from tensorflow.python.training import training_util
 
-from . import config
+from . import config, table_restore
 from .logs import get_logger
-from .row_store import MEMORY_LIMIT_ENV
 from .admission.steps import follow_global_step, step_of_save
-from .sparse_checkpoint import (PENDING, CheckpointError, needed_shards, read_array, read_manifest, shard_name, sparse_dir,
-                                write_shard)
+from .sparse_checkpoint import (PENDING, CheckpointError, TableFiles, array_entry, needed_shards, shard_name, sparse_dir,
+                                write_array, write_shard)
 from .world import get_world
 
 log = get_logger("shardrec.saver")
@@ -92,26 +90,6 @@ def _agree(what, attempt, consequence):
                           f"{consequence}") from attempt.error
 
 
-class _TableInitOps:
-    """Graph ops that tell whether a table and its slots are initialised, and initialise them. A
-    session restored from a checkpoint runs no init_op: tables and slots, which the dense checkpoint
-    does not hold, are initialised by the restore when they are not yet."""
-
-    def __init__(self, table):
-        variables = [table.variable, *table.slots.values()]
-        with tf.name_scope(f"shardrec_checkpoint/{table.table_name}"):
-            self.initialized = [tf.raw_ops.VarIsInitializedOp(resource=v.handle) for v in variables]
-            self.initializers = [v.initializer for v in variables]
-
-
-def _checkpoint_ops(table):
-    key = tuple(sorted(table.slots))
-    if getattr(table, "_checkpoint_ops_key", None) != key:
-        table._checkpoint_ops = _TableInitOps(table)
-        table._checkpoint_ops_key = key
-    return table._checkpoint_ops
-
-
 def read_table_rows(sess, table):
     """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
     from the native row store (no session run; `sess` is kept for callers). Keys and rows are taken
@@ -127,26 +105,43 @@ def _snapshot(table, step):
     return snap["keys"], dict(zip(names, snap["columns"])), snap
 
 
-def _shard_of(table, step):
-    """What write_shard takes for one table: its keys and rows; with admission, their counts and
-    timestamps and the keys still counting, as of training step `step` (the input pipeline's
-    batches looked up beyond it taken back, embedding_index.h; admission/steps.py says when), so
-    that a restore at `step` goes on exactly as this run does. step None: the index as it is."""
-    if table.thresholds is None or not table.thresholds.counts:
-        keys, arrays, _ = _snapshot(table, None)
-        return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
-                "optimizers": sorted(table.optimizers), "arrays": arrays}
-    keys, arrays, state = _snapshot(table, _NO_STEP if step is None else step)
-    if not state["exact"]:
-        log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline looked up "
-                    "beyond it (more than the index keeps a journal of); a restore counts them twice", table.table_name,
-                    step)
-    return {"dim": table.dim, "key_dtype": table.key_dtype.name, "keys": keys,
-            "optimizers": sorted(table.optimizers), "arrays": arrays,
-            "metadata": {"counts": state["counts"], "last_seen": state["last_seen"]},
-            "pending": {name: state[name] for name in PENDING},
-            "admission": {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
-                          "newest": state["newest"], "pending_rows": len(state["pending_keys"])}}
+# Rows per chunk on the way from the row store to a checkpoint file: with dim 64 and lazy Adam, 4 MiB.
+SAVE_CHUNK_ROWS = 16384
+
+
+def _table_writer(table, step):
+    """write_shard's writer for one table: its keys, and its values and slot rows written by the
+    native core straight from the store and the SSD tier into the files, a chunk at a time (under
+    one hold of the index's lock: no lookup of the input pipeline moves a row meanwhile). With
+    admission, the keys' counts and timestamps and the keys still counting, as of training step
+    `step` (the batches the input pipeline looked up beyond it taken back, embedding_index.h;
+    admission/steps.py says when), so that a restore at `step` goes on exactly as this run does.
+    step None: the index as it is."""
+    def write(folder):
+        names = list(table.columns)
+        counts = table.thresholds is not None and table.thresholds.counts
+        as_of = (_NO_STEP if step is None else step) if counts else None
+        saved = table.index.save_columns([table.columns[n] for n in names],
+                                         [os.path.join(folder, f"{n}.npy") for n in names], as_of, SAVE_CHUNK_ROWS)
+        keys = saved["keys"]
+        files = {"keys": write_array(folder, "keys", keys)}
+        for name, (nbytes, crc) in zip(names, saved["files"]):
+            files[name] = array_entry(f"{name}.npy", nbytes, crc, "<f4", (len(keys), table.dim))
+        admission = None
+        if counts:
+            if not saved["exact"]:
+                log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline "
+                            "looked up beyond it (more than the index keeps a journal of); a restore counts them "
+                            "twice", table.table_name, step)
+            for name in ("counts", "last_seen", *PENDING):
+                files[name] = write_array(folder, name, saved[name])
+            admission = {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
+                         "newest": saved["newest"], "pending_rows": len(saved["pending_keys"])}
+        return TableFiles(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
+                          optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
+                          files=files, admission=admission)
+
+    return write
 
 
 def _without_tables(var_list, excluded):
@@ -173,7 +168,7 @@ class Saver(_TFSaver):
                     kwargs["allow_empty"] = True
                 self._tables = [t for t in tables if t.is_save]
                 for table in self._tables:
-                    _checkpoint_ops(table)
+                    table_restore.checkpoint_ops(table)
         if kwargs.get("defer_build") and self._tables:
             # TensorFlow refuses a var_list with a deferred build; it reads _var_list at build().
             super().__init__(None, *args, **kwargs)
@@ -273,12 +268,9 @@ class Saver(_TFSaver):
 
     def restore(self, sess, save_path):
         if self._tables and save_path is not None:
-            # Every rank reads and checks its part, then all agree: every rank loads, or none does.
-            shards = _attempt(lambda: _read_tables(save_path, self._tables, check_dense=True))
-            _agree(f"Saver.restore({save_path!r})", shards, "nothing was loaded on any rank")
+            restore_tables(sess, [(save_path, self._tables)], f"Saver.restore({save_path!r})", check_dense=True)
         super().restore(sess, save_path)
         if self._tables and save_path is not None:
-            _apply_tables(sess, self._tables, shards.value)
             follow_global_step(sess, self._tables)
             config.mark_loaded()
 
@@ -286,10 +278,9 @@ class Saver(_TFSaver):
         """Writes and commits this rank's shard; returns its directory."""
         cfg = config.get_config()
         back_to = step_of_save(step)
-        tables = {table.table_name: _shard_of(table, back_to) for table in self._tables}
+        tables = {table.table_name: _table_writer(table, back_to) for table in self._tables}
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared)
-        log.info("saved this rank's shard of %d table(s) (%s keys) to %s", len(tables),
-                 "+".join(str(len(t["keys"])) for t in tables.values()), shard)
+        log.info("saved this rank's shard of %d table(s) to %s", len(tables), shard)
         return shard
 
     @staticmethod
@@ -326,159 +317,27 @@ def remove_if_empty(directory):
             log.warning("an old checkpoint directory could not be removed (%s); the new checkpoint is saved", e)
 
 
-def _check_layout(manifest_path, table, entry, values_only):
-    """A manifest's table against the graph's table: dim, key dtype, optimizer slots."""
-    problems = []
-    if entry.get("dim") != table.dim:
-        problems.append(f"dim {entry.get('dim')} (this graph: {table.dim})")
-    if entry.get("key_dtype") != table.key_dtype.name:
-        problems.append(f"key dtype {entry.get('key_dtype')} (this graph: {table.key_dtype.name})")
-    # A graph without optimizer (evaluation, prediction) restores the values alone.
-    if values_only:
-        pass
-    elif table.optimizers and entry.get("optimizers") != sorted(table.optimizers):
-        problems.append(f"optimizer(s) {entry.get('optimizers')} (this graph: {sorted(table.optimizers)})")
-    elif table.optimizers and entry.get("slots") != sorted(table.slots):
-        problems.append(f"optimizer slots {entry.get('slots')} (this graph: {sorted(table.slots)})")
-    if problems:
-        raise CheckpointError(f"{manifest_path}: table {table.table_name!r} was saved with " + ", ".join(problems)
-                              + "; restore it into a graph with the same table and optimizer")
-
-
-def _read_tables(save_path, tables, values_only=False, check_dense=False):
-    """{table name: (keys, {array name: rows})} of the keys this rank owns, read and verified.
-    values_only (warm start): the rows of values alone; optimizer slots start afresh.
-    check_dense: also check that the dense part of the checkpoint is there."""
-    cfg = config.get_config()
-    if check_dense and not checkpoint_management.checkpoint_exists_internal(save_path):
-        raise CheckpointError(f"{save_path}: the dense part of the checkpoint ({save_path}.index) is missing")
-    shards, saved_size = needed_shards(sparse_dir(save_path), cfg.rank, cfg.size)
-    needed = sorted(shards)
-    manifests = {r: read_manifest(shards[r]) for r in needed}
-    reads = {}  # (table, rank, array name) -> (shard dir, manifest entry of the file, what)
-    for table in tables:
-        for r in needed:
-            path = os.path.join(shards[r], "MANIFEST.json")
-            entry = manifests[r]["tables"].get(table.table_name)
-            if entry is None:
-                raise CheckpointError(f"{path}: has no table {table.table_name!r}; it has "
-                                      f"{sorted(manifests[r]['tables'])}")
-            _check_layout(path, table, entry, values_only)
-            admission = _admission_files(path, table, entry)
-            for name in ["keys", "values"] + ([] if values_only else sorted(table.slots)) + admission:
-                reads[(table.table_name, r, name)] = (shards[r], entry["files"][name],
-                                                      f"table {table.table_name!r} {name}")
-    # Reading and checksumming release the GIL: the files of a checkpoint are read side by side.
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        loaded = dict(zip(reads, pool.map(lambda args: read_array(*args), reads.values())))
-    out = {}
-    for table in tables:
-        keys, arrays = [], {}
-        for r in needed:
-            part = loaded[(table.table_name, r, "keys")].astype(np.int64, copy=False)
-            mine = np.mod(part, cfg.size) == cfg.rank if saved_size != cfg.size else slice(None)
-            keys.append(part[mine])
-            entry = manifests[r]["tables"][table.table_name]
-            if len(part) != entry.get("rows"):
-                raise CheckpointError(f"{shards[r]}/{table.table_name}/keys.npy: {len(part)} keys, but the manifest "
-                                      f"says rows = {entry.get('rows')}")
-            for name in ["values"] + ([] if values_only else sorted(table.slots)):
-                rows = loaded[(table.table_name, r, name)]
-                if rows.shape != (len(part), table.dim):
-                    shard, entry, _ = reads[(table.table_name, r, name)]
-                    raise CheckpointError(f"{shard}/{entry['file']}: {rows.shape[0]} rows of dim {rows.shape[1:]}, "
-                                          f"but {len(part)} keys of dim {table.dim}")
-                arrays.setdefault(name, []).append(rows[mine])
-        keys = _joined(keys)
-        arrays = {name: _joined(parts) for name, parts in arrays.items()}
-        admission = _admission_of(table, needed, manifests, loaded, cfg, saved_size, len(keys))
-        store = table.store
-        if table.expands and len(keys) * store.bytes_per_row > store.memory_limit:
-            raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
-                                  f"{cfg.rank}: {len(keys) * store.bytes_per_row} bytes of rows, over its memory limit "
-                                  f"of {store.memory_limit} bytes; raise {MEMORY_LIMIT_ENV}")
-        if len(keys) > table.max_rows():
-            raise CheckpointError(f"{sparse_dir(save_path)}: table {table.table_name!r} has {len(keys)} keys for rank "
-                                  f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "
-                                  "device_vocabulary_size" + (f" or {MEMORY_LIMIT_ENV}" if table.expands else ""))
-        out[table.table_name] = (keys, arrays, admission)
-    return out
-
-
-def _admission_files(manifest_path, table, entry):
-    """The admission arrays to read for `table` from a shard's manifest entry (none when the table
-    does not count, or the checkpoint has none). A damaged entry is a CheckpointError, which every
-    rank learns of, not a KeyError on one rank while the others wait for it."""
-    if table.thresholds is None or not table.thresholds.counts or "admission" not in entry:
-        return []
-    names = ["counts", "last_seen", *PENDING]
-    admission, files = entry["admission"], entry.get("files")
-    if not isinstance(admission, dict) or not isinstance(admission.get("newest", -1), int) or \
-            not isinstance(files, dict) or any(n not in files for n in names):
-        raise CheckpointError(f"{manifest_path}: table {table.table_name!r} has a damaged admission entry (it needs "
-                              f"an integer 'newest' and the files {names}); the checkpoint cannot be restored")
-    return names
-
-
-def _admission_of(table, needed, manifests, loaded, cfg, saved_size, n_keys):
-    """The counts and timestamps of this rank's keys and pending keys, and the newest timestamp
-    of every shard read, or None when the table does not count."""
-    if table.thresholds is None or not table.thresholds.counts:
-        return None
-    name = table.table_name
-    entries = [manifests[r]["tables"][name] for r in needed]
-    if any("admission" not in e for e in entries):
-        log.warning("table %r counts keys for admission, but the checkpoint holds no counts or timestamps for it: its "
-                    "%d key(s) are restored as admitted, with count 0 and last-seen timestamp 0", name, n_keys)
-        return {"counts": np.zeros(n_keys, np.uint32), "last_seen": np.zeros(n_keys, np.int64),
-                **{p: np.zeros(0, d) for p, d in zip(PENDING, (np.int64, np.uint32, np.int64))}, "newest": -1}
-    out = {"newest": max(int(e["admission"].get("newest", -1)) for e in entries)}
-    for kind, key_file in (("metadata", "keys"), ("pending", "pending_keys")):
-        names = ["counts", "last_seen"] if kind == "metadata" else list(PENDING)
-        for r in needed:
-            part_keys = loaded[(name, r, key_file)].astype(np.int64, copy=False)
-            mine = np.mod(part_keys, cfg.size) == cfg.rank if saved_size != cfg.size else slice(None)
-            for array_name in names:
-                array = loaded[(name, r, array_name)]
-                if array.shape != part_keys.shape:
-                    raise CheckpointError(f"table {name!r}: {array_name}.npy of rank {r}'s shard holds {array.shape[0]} "
-                                          f"entries for {part_keys.shape[0]} keys")
-                out.setdefault(array_name, []).append(array[mine])
-    return {k: (_joined(v) if isinstance(v, list) else v) for k, v in out.items()}
-
-
-def _joined(parts):
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _apply_tables(sess, tables, shards):
-    for table in tables:
-        keys, arrays, admission = shards[table.table_name]
-        ops = _checkpoint_ops(table)
-        done = sess.run(ops.initialized)
-        # A table that has held keys in this session starts again from its initializer, so that
-        # keys inserted after the restore do not inherit rows of keys that were dropped. A fresh
-        # table keeps the values its initializer gave it: re-running a random initializer would
-        # draw other values, and a resumed run would then differ from an uninterrupted one.
-        used = table.index.size() > 0 or table.index.counters()["inserted"] > 0
-        sess.run([init for init, ok in zip(ops.initializers, done) if used or not ok])
-        table.index.clear()
-        if table.ssd is not None:  # memory first, the rest straight to SSD
-            keys = np.ascontiguousarray(keys, np.int64)
-            rows_at = table.index.place(keys)
-            for name, rows in arrays.items():
-                table.index.write_rows(table.columns[name], keys, rows_at, np.ascontiguousarray(rows, np.float32))
-        else:
-            rows_at = table.index.lookup(keys, allocate=True)
-            for name, rows in arrays.items():
-                table.store.write_rows(table.columns[name], rows_at, np.ascontiguousarray(rows, np.float32))
-        if admission is not None:
-            table.index.write_metadata(rows_at, np.ascontiguousarray(admission["counts"], np.uint32),
-                                       np.ascontiguousarray(admission["last_seen"], np.int64))
-            table.index.import_pending(*(np.ascontiguousarray(admission[p]) for p in PENDING))
-            table.index.newest = admission["newest"]
-    log.info("restored this rank's keys of %d table(s): %s", len(tables),
-             ", ".join(f"{t.table_name}={t.size()}" for t in tables))
+def restore_tables(sess, sources, what, values_only=False, check_dense=False):
+    """Restores the tables of `sources`, [(checkpoint path, [tables])] (table_restore.py). Every
+    rank plans its part, then verifies its row files, and all agree after each: a damaged or
+    missing file on any rank leaves every table as it was, on every rank. Then every rank streams
+    its rows in; should that still fail (an I/O error), every rank's tables are reset."""
+    tables = [t for _, group in sources for t in group]
+    plans = _attempt(lambda: [p for path, group in sources
+                              for p in table_restore.plan(path, group, values_only, check_dense)])
+    _agree(what, plans, "nothing was loaded on any rank")
+    checked = _attempt(lambda: table_restore.verify(sess, plans.value))
+    try:
+        _agree(what, checked, "nothing was loaded on any rank")
+    except CheckpointError:
+        table_restore.withdraw(plans.value)
+        raise
+    loaded = _attempt(lambda: table_restore.load(sess, plans.value))
+    try:
+        _agree(what, loaded, "every rank's tables are back at their initial state")
+    except CheckpointError:
+        table_restore.reset(sess, tables)
+        raise
 
 
 def _restorable(path, cfg):

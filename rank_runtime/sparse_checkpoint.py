@@ -22,10 +22,12 @@ no TensorFlow.
 """
 import io
 import json
+import mmap
 import os
 import re
 import shutil
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,7 +57,12 @@ def shard_name(rank, size):
     return f"rank-{rank}-of-{size}"
 
 
-def _write_array(directory, name, array):
+def array_entry(file, nbytes, crc, dtype, shape):
+    """A manifest's entry for one array file of a table's folder."""
+    return {"file": file, "bytes": int(nbytes), "crc32": int(crc), "dtype": dtype, "shape": [int(d) for d in shape]}
+
+
+def write_array(directory, name, array):
     """Writes `array` as <directory>/<name>.npy, flushed; returns its manifest entry."""
     array = np.ascontiguousarray(array)
     header = io.BytesIO()
@@ -68,8 +75,8 @@ def _write_array(directory, name, array):
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return {"file": f"{name}.npy", "bytes": len(header) + data.nbytes, "crc32": zlib.crc32(data, zlib.crc32(header)),
-            "dtype": array.dtype.str, "shape": list(array.shape)}
+    return array_entry(f"{name}.npy", len(header) + data.nbytes, zlib.crc32(data, zlib.crc32(header)),
+                       array.dtype.str, array.shape)
 
 
 def _fsync_dir(path):
@@ -83,11 +90,26 @@ def _fsync_dir(path):
 PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
 
 
+@dataclass
+class TableFiles:
+    """What a table's writer put into its folder of a shard: the manifest's entry for the table.
+    files: array name ("keys", "values", "<optimizer>.<slot>", with admission "counts",
+    "last_seen" and PENDING) -> its entry (write_array / array_entry), file names relative to the
+    folder. admission: {access_threshold, eviction_threshold, newest, pending_rows} or None."""
+    dim: int
+    key_dtype: str
+    rows: int
+    optimizers: list
+    slots: list
+    files: dict
+    admission: dict = None
+
+
 def write_shard(save_path, rank, size, step, tables, shared):
-    """tables: {table name: {"dim", "key_dtype", "keys", "optimizers", "arrays": {"values" | slot: rows}}},
-    with admission also "metadata": {"counts", "last_seen"}, "pending": {PENDING...} and "admission"
-    (the manifest's entry).
-    shared: every rank saves under the same path (else each under its own, seed 001's
+    """tables: {table name: writer}, a writer being a function that writes the table's arrays into
+    the folder it is given and returns their TableFiles (the Saver's write rows straight from the
+    row store, so that no table passes through memory whole).
+    shared: every rank saves under the same path (else each under its own, the user guide's
     `model-{rank_id}`). Returns the committed shard directory."""
     root = sparse_dir(save_path)
     os.makedirs(root, exist_ok=True)
@@ -97,24 +119,26 @@ def write_shard(save_path, rank, size, step, tables, shared):
     os.makedirs(tmp)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "rank": rank, "world_size": size,
                 "layout": "shared" if shared else "per_rank", "tables": {}}
-    for name, table in tables.items():
-        os.makedirs(os.path.join(tmp, name))
-        files = {"keys": _write_array(os.path.join(tmp, name), "keys", table["keys"])}
-        for array_name, rows in {**table["arrays"], **table.get("metadata", {}), **table.get("pending", {})}.items():
-            files[array_name] = _write_array(os.path.join(tmp, name), array_name, rows)
-        for entry in files.values():
-            entry["file"] = f"{name}/{entry['file']}"
-        manifest["tables"][name] = {"dim": table["dim"], "key_dtype": table["key_dtype"], "rows": len(table["keys"]),
-                                    "optimizers": table["optimizers"],
-                                    "slots": sorted(a for a in table["arrays"] if a != "values"), "files": files}
-        if "admission" in table:
-            manifest["tables"][name]["admission"] = table["admission"]
-        _fsync_dir(os.path.join(tmp, name))
-    with open(os.path.join(tmp, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    try:
+        for name, write in tables.items():
+            folder = os.path.join(tmp, name)
+            os.makedirs(folder)
+            table = write(folder)
+            entry = {"dim": table.dim, "key_dtype": table.key_dtype, "rows": table.rows, "optimizers": table.optimizers,
+                     "slots": table.slots,
+                     "files": {k: dict(v, file=f"{name}/{v['file']}") for k, v in table.files.items()}}
+            if table.admission is not None:
+                entry["admission"] = table.admission
+            manifest["tables"][name] = entry
+            _fsync_dir(folder)
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save (a full disk) leaves no half shard behind
+        raise
     if os.path.exists(final):
         # A shard of the same step written before (a repeated save): replaced as a whole.
         old = f"{final}.old-{os.getpid()}"
@@ -238,6 +262,86 @@ def _crc_of(path):
             crc = zlib.crc32(chunk, crc)
 
 
+def _parse_header(path, stream, entry):
+    """(shape, dtype) from an .npy header at the stream's position, checked against the manifest."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(stream)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not an array file ({e})") from None
+    if list(shape) != entry["shape"] or dtype.str != entry["dtype"] or fortran or dtype.hasobject:
+        raise CheckpointError(f"{path}: holds {dtype.str}{list(shape)}, the manifest says {entry['dtype']}{entry['shape']}")
+    return shape, dtype
+
+
+def stream_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
+    """Yields (first row, rows) of one array of a shard, a chunk at a time, checked against its
+    manifest entry on the way: size and header before the first chunk, the CRC-32 after the last
+    (a CheckpointError then; what was yielded came from a damaged file). Each chunk lives in one
+    reused buffer: use it before asking for the next."""
+    path = _file_of(shard_dir, entry, what)
+    _checked_size(path, entry, what)
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(4096)
+        stream = io.BytesIO(head)
+        shape, dtype = _parse_header(path, stream, entry)
+        data_start = stream.tell()
+        crc = zlib.crc32(memoryview(head)[:data_start])
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        buf = bytearray(max(row_bytes, chunk_bytes // max(row_bytes, 1) * row_bytes))
+        view = memoryview(buf)
+        carried = len(head) - data_start  # data bytes read with the header
+        view[:carried] = memoryview(head)[data_start:]
+        first = 0
+        while True:
+            got = carried
+            while got < len(buf):
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            carried = 0
+            usable = got - got % row_bytes if row_bytes else got
+            if usable:
+                crc = zlib.crc32(view[:usable], crc)
+                rows = usable // row_bytes
+                yield first, np.frombuffer(buf, dtype=dtype, count=rows * (row_bytes // dtype.itemsize)).reshape(
+                    (rows, *shape[1:]))
+                first += rows
+            if got < len(buf):
+                crc = zlib.crc32(view[usable:got], crc)
+                break
+    if crc != entry["crc32"] or first != shape[0]:
+        raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
+
+
+def map_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
+    """stream_array's chunks for a file verified before (stream_array), without its checksum: read
+    through a read-only mapping of the page cache instead of copied into a buffer, each chunk's
+    pages dropped from the mapping once used, so that a mapped file never counts whole in the
+    process's memory."""
+    path = _file_of(shard_dir, entry, what)
+    _checked_size(path, entry, what)
+    with open(path, "rb") as f:
+        # Unmapped when the last chunk handed out is gone (a chunk holds the mapping).
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    stream = io.BytesIO(mapped[:4096])
+    shape, dtype = _parse_header(path, stream, entry)
+    start = stream.tell()
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    step = max(1, chunk_bytes // max(row_bytes, 1))
+    dropped = 0
+    for first in range(0, shape[0], step):
+        rows = min(step, shape[0] - first)
+        yield first, np.frombuffer(mapped, dtype=dtype, count=rows * (row_bytes // dtype.itemsize),
+                                   offset=start + first * row_bytes).reshape((rows, *shape[1:]))
+        end = (start + (first + rows) * row_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > dropped:
+            mapped.madvise(mmap.MADV_DONTNEED, dropped, end - dropped)
+            dropped = end
+
+
 def read_array(shard_dir, entry, what):
     """Reads one array of a shard and checks it against its manifest entry."""
     path = _file_of(shard_dir, entry, what)
@@ -248,12 +352,5 @@ def read_array(shard_dir, entry, what):
     if zlib.crc32(buf) != entry["crc32"]:
         raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
     stream = io.BytesIO(buf)
-    try:
-        version = np.lib.format.read_magic(stream)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read_header(stream)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not an array file ({e})") from None
-    if list(shape) != entry["shape"] or dtype.str != entry["dtype"] or fortran or dtype.hasobject:
-        raise CheckpointError(f"{path}: holds {dtype.str}{list(shape)}, the manifest says {entry['dtype']}{entry['shape']}")
+    shape, dtype = _parse_header(path, stream, entry)
     return np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape)

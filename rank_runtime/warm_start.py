@@ -19,9 +19,9 @@ import re
 
 import tensorflow as tf
 
-from . import config
+from . import config, table_restore
 from .logs import get_logger
-from .saver import _apply_tables, _checkpoint_ops, _read_tables
+from .saver import restore_tables
 from .table import SPARSE_SLOTS_COLLECTION, SPARSE_TABLES_COLLECTION
 from .validation import check_type
 
@@ -106,7 +106,7 @@ def prepare(settings, graph=None):
     """Builds, while the graph can still change, the ops warm start needs for its tables."""
     _, tables_from = plan(settings, graph)
     for table in tables_from:
-        _checkpoint_ops(table)
+        table_restore.checkpoint_ops(table)
 
 
 def warm_start(sess, settings):
@@ -128,10 +128,8 @@ def warm_start(sess, settings):
     by_path = {}
     for table, path in tables_from.items():
         by_path.setdefault(_resolve(path), []).append(table)
-    # All checked before anything is written; like TensorFlow's warm start, optimizer slots start afresh.
-    loaded = {path: _read_tables(path, tables, values_only=True) for path, tables in by_path.items()}
-    for path, tables in by_path.items():
-        _apply_tables(sess, tables, loaded[path])
+    # Every checkpoint checked before any row is loaded; like TensorFlow's warm start, optimizer slots start afresh.
+    restore_tables(sess, list(by_path.items()), f"{_OWNER} from {sorted(by_path)}", values_only=True)
     config.mark_loaded()
     log.info("warm started %d dense variable(s) and %d table(s) from %d checkpoint(s)", len(dense_from),
              len(tables_from), len(set(p for p, _ in dense_from.values()) | set(by_path)))

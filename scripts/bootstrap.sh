@@ -27,7 +27,9 @@ if [ "$(cat "$venv/.deps-stamp" 2>/dev/null)" != "$req_hash" ]; then
   log "installing pinned dependencies (first run: about 5 minutes)"
   pip_ install -q --upgrade "pip==25.2"
   pip_ install -q -r "$root/scripts/requirements.txt"
-  hvd_key="horovod-$horovod_version-$("$vpy" -c 'import tensorflow as t, mpi4py, sys; print(f"tf{t.__version__}-mpi4py{mpi4py.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null)"
+  # "-origin": wheels whose RUNPATH is relative to the installed package (relocate_wheel.py); a
+  # wheel cached before that names its builder's venv and is not reused.
+  hvd_key="horovod-$horovod_version-$("$vpy" -c 'import tensorflow as t, mpi4py, sys; print(f"tf{t.__version__}-mpi4py{mpi4py.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null)-origin"
   hvd_dir="$wheel_cache/$hvd_key"
   if ! ls "$hvd_dir"/horovod-*.whl >/dev/null 2>&1; then
     log "building horovod $horovod_version from source with TensorFlow and MPI (about 3 minutes)"
@@ -36,6 +38,9 @@ if [ "$(cat "$venv/.deps-stamp" 2>/dev/null)" != "$req_hash" ]; then
       HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j2 \
       pip_ wheel -q --no-deps --no-build-isolation --no-cache-dir \
       -w "$hvd_dir.tmp" "horovod==$horovod_version"
+    # The build's RUNPATH names this venv's lib (libmpi): made relative, so that the cached wheel
+    # works in every clone, also once this one is gone.
+    "$vpy" "$root/scripts/relocate_wheel.py" --venv "$venv" "$hvd_dir.tmp"/horovod-*.whl
     rm -rf "$hvd_dir" && mv "$hvd_dir.tmp" "$hvd_dir"
   else
     log "reusing cached horovod wheel from $hvd_dir"

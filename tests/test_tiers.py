@@ -117,7 +117,8 @@ def test_a_checkpoint_holds_every_tier_and_restores_into_other_layouts_and_rank_
 
 def test_a_table_larger_than_the_memory_limit_trains_with_the_ssd_tier(tmp_path):
     """RLIMIT_DATA (the processes' private memory) at 1.4 GiB; 655,360 keys of dim 256 with lazy
-    Adam's two slots are 2 GB of rows. Every row in memory fails; with the SSD tier it trains."""
+    Adam's two slots are 2 GB of rows. Every row in memory fails; with the SSD tier it trains, saves
+    and restores."""
     limit = 1400 * 2**20
     wrapper = ["prlimit", f"--data={limit}:{limit}"]
     common = ["--dim", 256, "--fresh", "--batch", 4096, "--end", 40, "--no-export", "--prefetch", 1]
@@ -126,12 +127,56 @@ def test_a_table_larger_than_the_memory_limit_trains_with_the_ssd_tier(tmp_path)
     assert "Cannot allocate memory" in plain.stderr or "OOM" in plain.stderr, plain.stderr[-3000:]
     ssd = tmp_path / "ssd"
     ssd.mkdir()
-    check(train(tmp_path, 1, "tier", "--memory", 60_000, "--ssd", 700_000, "--ssd-path", ssd, *common,
-                wrapper=wrapper))
+    tiers = ["--memory", 60_000, "--ssd", 700_000, "--ssd-path", ssd]
+    prefix = tmp_path / "ckpt" / "model"
+    check(train(tmp_path, 1, "tier", *tiers, *common, "--save", prefix, wrapper=wrapper))
     _, [c] = results(tmp_path, "tier", 1)
     row_bytes = 256 * 4 * 3 + 12
     assert c["size"] == 40 * 4096 * 4 and c["size"] * row_bytes > limit
     assert c["rows_on_ssd"] >= c["size"] - 60_000 and c["VmData"] < limit
+    # The save and a restore in a fresh process stay under the same limit (a chunk of rows at a time).
+    check(train(tmp_path, 1, "restored", *tiers, *common, "--start", 40, "--restore", f"{prefix}-40", wrapper=wrapper))
+    _, [r] = results(tmp_path, "restored", 1)
+    assert (r["size"], r["rows_on_ssd"]) == (c["size"], c["rows_on_ssd"]) and r["VmData"] < limit
+    assert os.listdir(ssd) == []
+
+
+def _sorted_export(parts):
+    keys = np.concatenate([p["keys"] for p in parts])
+    order = np.argsort(keys)
+    names = sorted(n for n in parts[0] if n not in ("keys", "losses", "w", "eval_ids", "eval_rows"))
+    return keys[order], {n: np.concatenate([p[n] for p in parts])[order] for n in names}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_table_mostly_on_ssd_saves_and_restores_within_its_memory_budget(tmp_path, ranks):
+    """Lazy Adam, dim 64, a memory budget of 20,000 rows a rank and over 10 times as many rows on
+    SSD: the save, and the restore in a fresh process, peak at most max(10% of the budget's bytes,
+    64 MB) above training's peak (they used to hold the whole table in memory), and the restored
+    rows, of both tiers, are exactly the saved ones."""
+    budget, dim = 20_000, 64
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    prefix = tmp_path / "ckpt" / "model"
+    common = ["--dim", dim, "--fresh", "--batch", 768 * ranks, "--prefetch", 1, "--memory", budget * ranks,
+              "--ssd", 500_000 * ranks, "--ssd-path", ssd]
+    check(train(tmp_path, ranks, "saved", *common, "--end", 100, "--save", prefix, timeout=600))
+    check(train(tmp_path, ranks, "restored", *common, "--start", 100, "--end", 100, "--restore", f"{prefix}-100",
+                timeout=600))
+    saved, saved_counters = results(tmp_path, "saved", ranks)
+    restored, restored_counters = results(tmp_path, "restored", ranks)
+    allowance = max(budget * dim * 4 * 3 // 10, 64 * 2**20)
+    for before, after in zip(saved_counters, restored_counters):
+        assert before["rows_on_ssd"] >= 10 * budget, before
+        assert after["rows_on_ssd"] == before["rows_on_ssd"], (before, after)
+        assert before["peak_save"] <= before["peak_train"] + allowance, before
+        assert after["peak_restore"] <= before["peak_train"] + allowance, (before, after)
+    keys, rows = _sorted_export(saved)
+    restored_keys, restored_rows = _sorted_export(restored)
+    assert len(keys) == 100 * 768 * ranks * 4 and np.array_equal(restored_keys, keys)
+    assert rows.keys() == restored_rows.keys() and len(rows) == 3
+    for name in rows:
+        np.testing.assert_array_equal(restored_rows[name], rows[name], err_msg=name)
     assert os.listdir(ssd) == []
 
 

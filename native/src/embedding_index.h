@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "array_file.h"
 #include "key_slot_map.h"
 #include "residency.h"
 #include "row_store.h"
@@ -221,13 +222,38 @@ class EmbeddingIndex {
     AdmissionState state;
     std::vector<std::vector<float>> columns;
   };
+
+  // The same view written to disk instead: column columns[j] to paths[j] as an .npy file
+  // (array_file.h), `chunk_rows` rows at a time, so that the rows of every tier pass through one
+  // chunk of memory. The keys and admission state come back for the caller to write.
+  struct SavedColumns {
+    AdmissionState state;
+    std::vector<FileDigest> files;
+  };
+  SavedColumns save_columns(bool as_of, int64_t step, const std::vector<int>& columns,
+                            const std::vector<std::string>& paths, size_t chunk_rows) const {
+    std::lock_guard<std::mutex> g(mu_);
+    SavedColumns out;
+    export_state_locked(as_of, step, out.state);
+    const size_t n = out.state.keys.size(), dim = static_cast<size_t>(store_->dim());
+    chunk_rows = std::max<size_t>(1, std::min(chunk_rows, n));
+    std::vector<float> chunk(chunk_rows * dim);
+    const std::string header = npy_header("<f4", {static_cast<int64_t>(n), static_cast<int64_t>(dim)});
+    for (size_t j = 0; j < columns.size(); ++j) {
+      ArrayFileWriter file(paths.at(j), header);
+      for (size_t b = 0; b < n; b += chunk_rows) {
+        const size_t m = std::min(chunk_rows, n - b);
+        read_rows_locked(columns[j], out.state.keys.data() + b, out.state.slots.data() + b, m, chunk.data());
+        file.write(chunk.data(), m * dim * sizeof(float));
+      }
+      out.files.push_back(file.finish());
+    }
+    return out;
+  }
   Snapshot snapshot(bool as_of, int64_t step, const std::vector<int>& columns) const {
     std::lock_guard<std::mutex> g(mu_);
     Snapshot out;
-    if (as_of)
-      out.state = export_as_of_locked(step);
-    else
-      export_pairs_locked(out.state.keys, out.state.slots);
+    export_state_locked(as_of, step, out.state);
     const size_t n = out.state.keys.size();
     for (int c : columns) {
       out.columns.emplace_back(n * static_cast<size_t>(store_->dim()));
@@ -596,6 +622,15 @@ class EmbeddingIndex {
   }
 
  private:
+  // Every key and its location, as of training step `step` (with the admission state) or as the
+  // index is now (as_of false: keys and locations alone).
+  void export_state_locked(bool as_of, int64_t step, AdmissionState& state) const {
+    if (as_of)
+      state = export_as_of_locked(step);
+    else
+      export_pairs_locked(state.keys, state.slots);
+  }
+
   void export_pairs_locked(std::vector<int64_t>& keys, std::vector<int32_t>& slots) const {
     keys.clear();
     slots.clear();

@@ -146,6 +146,23 @@ py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& k
   return std::move(result);
 }
 
+// A checkpoint's view of the index: keys and locations; as of a step, the admission state too.
+py::dict state_dict(const shardrec::AdmissionState& a, bool as_of) {
+  py::dict d;
+  d["keys"] = to_numpy(a.keys);
+  d["slots"] = to_numpy(a.slots);
+  if (as_of) {
+    d["counts"] = to_numpy(a.counts);
+    d["last_seen"] = to_numpy(a.last_seen);
+    d["pending_keys"] = to_numpy(a.pending.keys);
+    d["pending_counts"] = to_numpy(a.pending.counts);
+    d["pending_last_seen"] = to_numpy(a.pending.last_seen);
+    d["newest"] = a.newest;
+    d["exact"] = a.exact;
+  }
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(core, m) {
@@ -155,6 +172,15 @@ PYBIND11_MODULE(core, m) {
   py::register_exception<shardrec::TierDamagedError>(m, "TierDamagedError", PyExc_RuntimeError);
   auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
   py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
+  // A checkpoint file that cannot be written is an OSError with its errno, as Python's own I/O.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const shardrec::FileError& e) {
+      py::object error = py::module_::import("builtins").attr("OSError")(e.code().value(), e.what());
+      PyErr_SetObject(PyExc_OSError, error.ptr());
+    }
+  });
 
   m.def("dedup", &dedup<int64_t>, py::arg("keys"));
   m.def("dedup", &dedup<int32_t>, py::arg("keys"),
@@ -309,9 +335,7 @@ PYBIND11_MODULE(core, m) {
               snap = index.snapshot(as_of, at, columns);
             }
             const auto& a = snap.state;
-            py::dict d;
-            d["keys"] = to_numpy(a.keys);
-            d["slots"] = to_numpy(a.slots);
+            py::dict d = state_dict(a, as_of);
             py::list rows;
             for (auto& c : snap.columns) {
               // The rows are handed over, not copied: a checkpoint's rows may be most of the memory.
@@ -321,20 +345,32 @@ PYBIND11_MODULE(core, m) {
                                              owned->data(), release));
             }
             d["columns"] = rows;
-            if (!step.is_none()) {
-              d["counts"] = to_numpy(a.counts);
-              d["last_seen"] = to_numpy(a.last_seen);
-              d["pending_keys"] = to_numpy(a.pending.keys);
-              d["pending_counts"] = to_numpy(a.pending.counts);
-              d["pending_last_seen"] = to_numpy(a.pending.last_seen);
-              d["newest"] = a.newest;
-              d["exact"] = a.exact;
-            }
             return d;
           },
           py::arg("columns"), py::arg("step") = py::none(),
           "Keys (as of training step `step`, see export_as_of; None: as they are) with the rows of `columns`, "
           "under one hold of the index's lock (no lookup moves a row in between).")
+      .def(
+          "save_columns",
+          [](const EmbeddingIndex& index, std::vector<int> columns, std::vector<std::string> paths, py::object step,
+             size_t chunk_rows) {
+            if (paths.size() != columns.size()) throw std::invalid_argument("one path per column expected");
+            EmbeddingIndex::SavedColumns saved;
+            const bool as_of = !step.is_none();
+            const int64_t at = as_of ? step.cast<int64_t>() : 0;
+            {
+              py::gil_scoped_release nogil;
+              saved = index.save_columns(as_of, at, columns, paths, chunk_rows);
+            }
+            py::dict d = state_dict(saved.state, as_of);
+            py::list files;
+            for (const auto& f : saved.files) files.append(py::make_tuple(f.bytes, f.crc));
+            d["files"] = files;
+            return d;
+          },
+          py::arg("columns"), py::arg("paths"), py::arg("step") = py::none(), py::arg("chunk_rows") = 16384,
+          "snapshot()'s view with the columns written to `paths` as .npy files, a chunk of rows at a time "
+          "(array_file.h): {'keys', 'slots', admission state as in snapshot(), 'files': [(bytes, crc32)]}.")
       .def(
           "write_rows",
           [](EmbeddingIndex& index, int column, CArray<int64_t> keys, CArray<int32_t> locs, CArray<float> values) {
@@ -416,17 +452,7 @@ PYBIND11_MODULE(core, m) {
               py::gil_scoped_release nogil;
               a = index.export_as_of(step);
             }
-            py::dict d;
-            d["keys"] = to_numpy(a.keys);
-            d["slots"] = to_numpy(a.slots);
-            d["counts"] = to_numpy(a.counts);
-            d["last_seen"] = to_numpy(a.last_seen);
-            d["pending_keys"] = to_numpy(a.pending.keys);
-            d["pending_counts"] = to_numpy(a.pending.counts);
-            d["pending_last_seen"] = to_numpy(a.pending.last_seen);
-            d["newest"] = a.newest;
-            d["exact"] = a.exact;
-            return d;
+            return state_dict(a, true);
           },
           py::arg("step"),
           "Every key as of training step `step` (batches looked up ahead of it undone): keys, slots (row order), "

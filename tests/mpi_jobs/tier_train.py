@@ -51,7 +51,7 @@ def global_data(keys, steps, batch, fresh):
 def my_slice(data, rank, size, start, end, batch):
     local = batch // size
     rows = np.concatenate([np.arange(s * batch + rank * local, s * batch + (rank + 1) * local)
-                           for s in range(start, end)])
+                           for s in range(start, end)] or [np.zeros(0, np.int64)])
     return {k: v[rows] for k, v in data.items()}, local
 
 
@@ -71,6 +71,14 @@ def memory_status():
             if line.startswith(("VmData", "VmHWM")):
                 fields[line.split(":")[0]] = int(line.split()[1]) * 1024
     return fields
+
+
+def peak_since_reset(run):
+    """The peak resident memory (VmHWM) of `run()`: the peak is reset to the present first."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    run()
+    return memory_status()["VmHWM"]
 
 
 def build(a, rank, size):
@@ -150,8 +158,9 @@ def main():
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(hvd.broadcast_variables(g["dense"], root_rank=0))
+        peaks = {}
         if a.restore:
-            g["saver"].restore(sess, a.restore)
+            peaks["peak_restore"] = peak_since_reset(lambda: g["saver"].restore(sess, a.restore))
         sess.run(g["iterator"].initializer)
         try:
             for s in range(a.start, a.end):
@@ -171,14 +180,15 @@ def main():
             if not a.catch:
                 raise
             print(f"TRAINING-ERROR rank={rank} step={len(losses) + a.start}: {' '.join(str(e).split())}", flush=True)
+        peaks["peak_train"] = memory_status()["VmHWM"]
         if a.save and not a.save_every:
-            g["saver"].save(sess, a.save, global_step=a.start + len(losses))
+            peaks["peak_save"] = peak_since_reset(lambda: g["saver"].save(sess, a.save, global_step=a.start + len(losses)))
         export = {} if a.no_export else g["table"].export(sess)
         w = sess.run(g["w"])
     counters = g["table"].counters()
     files = g["table"].index.ssd_files()
     with open(os.path.join(a.out, f"{a.tag}-rank{rank}-of{size}.json"), "w") as f:
-        json.dump({k: int(v) for k, v in counters.items()} | memory_status() | {"ssd_files": files}, f)
+        json.dump({k: int(v) for k, v in counters.items()} | memory_status() | peaks | {"ssd_files": files}, f)
     np.savez(os.path.join(a.out, f"{a.tag}-rank{rank}-of{size}.npz"), losses=np.array(losses, np.float32), w=w,
              eval_ids=np.concatenate([e[0].reshape(-1) for e in evaluated]) if evaluated else np.zeros(0, np.int64),
              eval_rows=(np.concatenate([e[1].reshape(-1, a.dim) for e in evaluated]) if evaluated
