@@ -8,15 +8,15 @@ then inside init()'s first collective, and the failing rank's own exit hangs too
 waits for every rank. The hooks act only while MPI runs in this process with more than one rank,
 so a script without MPI, or one rank alone, exits as Python always does.
 
-- An uncaught error: a line naming the rank and the traceback, then MPI_Abort(1).
-- ``sys.exit`` with a failing status: a line naming the rank and the status, then MPI_Abort(status).
-  (SystemExit reaches no excepthook, so the status is recorded by a wrapper of sys.exit and acted on
-  at exit; Python's atexit handlers run before mpi4py finalises MPI, which it does at the C level.)
+- An uncaught error: after Python's traceback, a line naming the rank and the error, then
+  MPI_Abort(1). It is found at exit (sys.last_value), so sys.excepthook stays the user's.
+- ``sys.exit`` with a failing status: a line naming the rank and the status, then MPI_Abort(status)
+  (the status is recorded by a wrapper of sys.exit).
+Python's atexit handlers run before mpi4py finalises MPI, which it does at the C level.
 """
 import atexit
 import os
 import sys
-import traceback
 
 # The statuses sys.exit was called with: what tells a failing exit.
 _exit_status = []
@@ -54,41 +54,35 @@ def _say(text):
 
 
 def install():
-    """Idempotent: wraps sys.excepthook and sys.exit, registers the at-exit check."""
+    """Idempotent: wraps sys.exit and registers the at-exit check (sys.excepthook stays the user's)."""
     if _installed:
         return
     _installed.append(True)
-    previous_hook, previous_exit = sys.excepthook, sys.exit
-
-    def excepthook(exc_type, exc, tb):
-        world = _running_world()
-        if world is None:
-            prefix = _launcher_rank()
-            if prefix and not _mpi_running():
-                _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits):\n")
-            previous_hook(exc_type, exc, tb)
-            return
-        rank, size, comm = world
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        _say(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1):\n{text}")
-        if issubclass(exc_type, KeyboardInterrupt):
-            previous_hook(exc_type, exc, tb)
-        comm.Abort(1)
+    previous_exit = sys.exit
 
     def exit(status=None):  # noqa: A001 - it is sys.exit
         _exit_status.append(status)
         previous_exit(status)
 
     def at_exit():
+        # Python has printed an uncaught error's traceback (and set sys.last_value) by now.
+        uncaught = getattr(sys, "last_value", None)
         world = _running_world()
-        if world is None or not exit_failed():
+        if world is None:
+            prefix = _launcher_rank()
+            if prefix and uncaught is not None and not _mpi_running():
+                _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits)\n")
             return
         rank, size, comm = world
-        status = _exit_status[-1]
-        code = status if isinstance(status, int) else 1
-        _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")
-        comm.Abort(code)
+        if exit_failed():
+            status = _exit_status[-1]
+            code = status if isinstance(status, int) else 1
+            _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")
+            comm.Abort(code)
+        elif uncaught is not None:
+            _say(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1): "
+                 f"{type(uncaught).__name__}: {uncaught}\n")
+            comm.Abort(1)
 
-    sys.excepthook = excepthook
     sys.exit = exit
     atexit.register(at_exit)
