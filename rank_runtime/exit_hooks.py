@@ -8,8 +8,11 @@ then inside init()'s first collective, and the failing rank's own exit hangs too
 waits for every rank. The hooks act only while MPI runs in this process with more than one rank,
 so a script without MPI, or one rank alone, exits as Python always does.
 
-- An uncaught error: after Python's traceback, a line naming the rank and the error, then
-  MPI_Abort(1). It is found at exit (sys.last_value), so sys.excepthook stays the user's.
+- An uncaught error: a line naming the rank and the error, then MPI_Abort(1). From init() on
+  (World), sys.excepthook does it at once, before any other exit handler runs (Horovod's shutdown,
+  the key exchange's leave, which would tell the peers another story first). Before init() it is
+  found at exit (sys.last_value, after Python's traceback), so that an import leaves
+  sys.excepthook the user's.
 - ``sys.exit`` with a failing status: a line naming the rank and the status, then MPI_Abort(status)
   (the status is recorded by a wrapper of sys.exit).
 Python's atexit handlers run before mpi4py finalises MPI, which it does at the C level.
@@ -17,6 +20,7 @@ Python's atexit handlers run before mpi4py finalises MPI, which it does at the C
 import atexit
 import os
 import sys
+import traceback
 
 # The statuses sys.exit was called with: what tells a failing exit.
 _exit_status = []
@@ -24,8 +28,10 @@ _installed = []
 
 
 def exit_failed():
-    """Whether this process is exiting through sys.exit with a failure status."""
-    return bool(_exit_status) and _exit_status[-1] not in (None, 0)
+    """Whether this process is exiting with a failure: sys.exit with a failing status, or an
+    uncaught error."""
+    failed_exit = bool(_exit_status) and _exit_status[-1] not in (None, 0)
+    return failed_exit or getattr(sys, "last_value", None) is not None
 
 
 def _mpi_running():
@@ -74,7 +80,7 @@ def install():
                 _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits)\n")
             return
         rank, size, comm = world
-        if exit_failed():
+        if _exit_status and _exit_status[-1] not in (None, 0):
             status = _exit_status[-1]
             code = status if isinstance(status, int) else 1
             _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")
@@ -86,3 +92,23 @@ def install():
 
     sys.exit = exit
     atexit.register(at_exit)
+
+
+def abort_on_uncaught_error():
+    """From init() on: an uncaught error ends the job at once (idempotent), its traceback first."""
+    if getattr(sys.excepthook, "_shardrec", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        world = _running_world()
+        if world is None:
+            previous(exc_type, exc, tb)
+            return
+        rank, size, comm = world
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        _say(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1):\n{text}")
+        comm.Abort(1)
+
+    excepthook._shardrec = True
+    sys.excepthook = excepthook

@@ -134,9 +134,10 @@ def _files(plans):
             yield p, column, [(part, part.entry["files"][column]) for part in p.parts]
 
 
-def _streamed(p, column, files, sink, verified=False):
-    """Streams one column of one table, each chunk's owned rows to sink(position in p.keys, rows);
-    verified: the files were checked before (verify()), read them through a mapping."""
+def _streamed(p, column, files, sink=None, verified=False):
+    """Streams one column of one table, each chunk's owned rows to sink(position in p.keys, rows)
+    (None: read through to check it); verified: the files were checked before (verify()), read
+    them through a mapping."""
     name = p.table.table_name
     at = 0
     for part, entry in files:
@@ -144,6 +145,8 @@ def _streamed(p, column, files, sink, verified=False):
             raise CheckpointError(f"{part.shard_dir}/{entry.get('file')}: {entry.get('shape')} rows, but "
                                   f"{part.entry.get('rows')} keys of dim {p.table.dim}")
         for first, rows in (map_array if verified else stream_array)(part.shard_dir, entry, f"table {name!r} {column}"):
+            if sink is None:
+                continue
             if part.mine is not None:
                 rows = rows[part.mine[first:first + len(rows)]]
             sink(at, rows)
@@ -167,7 +170,11 @@ def verify(sess, plans):
             if not p.used:
                 _prepare(sess, p)
 
-    _each_file(plans, lambda p, column, files: _streamed(p, column, files, lambda at, rows: None), place_fresh)
+    try:
+        _each_file(plans, _streamed, place_fresh)
+    except BaseException:
+        withdraw(plans)
+        raise
 
 
 def withdraw(plans):

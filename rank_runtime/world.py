@@ -51,6 +51,7 @@ class World:
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
         node.Free()
+        exit_hooks.abort_on_uncaught_error()
         process_hooks.share_cores(self.local_size, timeout)
         import horovod.tensorflow as hvd
 

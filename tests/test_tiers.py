@@ -248,6 +248,33 @@ def test_a_full_disk_stops_every_rank_with_a_clear_error_and_keeps_the_last_chec
             subprocess.run(["umount", str(small)], check=False)
 
 
+def test_a_save_to_a_full_disk_fails_on_every_rank_and_keeps_the_previous_checkpoint(tmp_path):
+    """The checkpoint directory is a 6 MiB tmpfs: the save of step 10 (about 3 MB) fits, the one of
+    step 20 (about 5 MB) does not. The native column writer's ENOSPC reaches every rank as one
+    CheckpointError naming it; no half shard is left, and step 10 stays the latest and restores."""
+    small = tmp_path / "small"
+    wrapper = _small_disk(small, 6)
+    prefix = small / "model"
+    common = ["--memory", 8000, "--dim", 64, "--fresh", "--init", "constant"]
+    try:
+        proc = train(tmp_path, 2, "full", *common, "--end", 20, "--save", prefix, "--save-every", 10, "--catch",
+                     wrapper=wrapper)
+        check(proc)
+        errors = [line for line in proc.stdout.splitlines() if line.startswith("TRAINING-ERROR")]
+        assert len(errors) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+        for line in errors:
+            assert f"Saver.save('{prefix}-20') failed on rank(s) [0, 1]" in line, line
+            assert "No space left on device" in line and "the previous checkpoint stays the latest" in line, line
+        if wrapper is None:  # the tmpfs outlives the job only when this process could mount it
+            sparse = sorted(os.listdir(small / "sparse-model-20")) if (small / "sparse-model-20").exists() else []
+            assert not [d for d in sparse if d.startswith(".tmp-")], sparse
+            assert tf.train.latest_checkpoint(str(small)) == f"{prefix}-10"
+            check(train(tmp_path, 2, "resumed", *common, "--start", 10, "--end", 10, "--restore", f"{prefix}-10"))
+    finally:
+        if wrapper is None:
+            subprocess.run(["umount", str(small)], check=False)
+
+
 def test_a_damaged_ssd_file_stops_every_rank_naming_the_file(tmp_path):
     ssd = tmp_path / "ssd"
     ssd.mkdir()
