@@ -30,8 +30,12 @@ _installed = []
 def exit_failed():
     """Whether this process is exiting with a failure: sys.exit with a failing status, or an
     uncaught error."""
-    failed_exit = bool(_exit_status) and _exit_status[-1] not in (None, 0)
-    return failed_exit or getattr(sys, "last_value", None) is not None
+    return _failing_status() is not None or getattr(sys, "last_value", None) is not None
+
+
+def _failing_status():
+    """The status of a failing sys.exit (a non-zero number, or a message), else None."""
+    return _exit_status[-1] if _exit_status and _exit_status[-1] not in (None, 0) else None
 
 
 def _mpi_running():
@@ -80,8 +84,8 @@ def install():
                 _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits)\n")
             return
         rank, size, comm = world
-        if _exit_status and _exit_status[-1] not in (None, 0):
-            status = _exit_status[-1]
+        status = _failing_status()
+        if status is not None:
             code = status if isinstance(status, int) else 1
             _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")
             comm.Abort(code)

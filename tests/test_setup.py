@@ -21,8 +21,12 @@ def runpath(library):
 
 
 def test_a_second_clone_set_up_from_the_cached_wheel_runs_horovod_without_the_first(tmp_path):
-    # The wheel this checkout's set-up built (or found) in the machine's cache.
-    [cached] = glob.glob(os.path.join(CACHE, "horovod-*-origin"))
+    # The wheel this checkout's set-up built (or found) in the machine's cache, keyed as bootstrap.sh keys it.
+    import mpi4py
+    import tensorflow as tf
+
+    key = f"tf{tf.__version__}-mpi4py{mpi4py.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-origin"
+    [cached] = glob.glob(os.path.join(CACHE, f"horovod-*-{key}"))
     cache = tmp_path / "cache"
     shutil.copytree(cached, cache / os.path.basename(cached))
     clone = tmp_path / "second-clone"
