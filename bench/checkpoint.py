@@ -77,7 +77,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     from shardrec.rank_runtime import init
-    from shardrec.rank_runtime.saver import read_table_rows
+    from shardrec.rank_runtime.table_save import read_table_rows
     from shardrec.rank_runtime.sparse_checkpoint import sparse_dir
 
     init()

@@ -45,7 +45,7 @@ def main(argv=None):
     names = [f"f{i:02d}" for i in range(args.features)]
     features = core.FeatureSet(names, [index] * args.features, [0] * args.features, [False] * args.features,
                                "\n".join(names))
-    exchange = core.KeyExchange(comm.Dup(), "train", True, args.timeout)
+    exchange = core.KeyExchange(comm.Dup(), core.Channel.TRAIN, args.timeout)
     batches = [[np.ascontiguousarray(b[:, f]) for f in range(args.features)] for b in keys]
     times = np.zeros((args.passes, args.batches))
     comm.Barrier()
@@ -69,7 +69,7 @@ def main(argv=None):
             "insert_pass_median_ms": 1e3 * float(np.median(slowest[0])),
             "insert_pass_p99_ms": 1e3 * float(np.percentile(slowest[0], 99)),
             "steady_median_ms": 1e3 * float(np.median(steady)),
-            "rank0_seconds_in_mpi": counters["seconds_in_collectives"], "rank0_seconds_total": counters["seconds_total"],
+            "rank0_seconds_in_mpi": counters.seconds_in_collectives, "rank0_seconds_total": counters.seconds_total,
         }), flush=True)
 
 

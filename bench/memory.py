@@ -67,8 +67,9 @@ def _breakdown(args, stored):
     from shardrec.rank_runtime import config
 
     c = config.get_config().tables["emb"].counters()
-    return {"counted_bytes_per_key": {k: c[k] / stored for k in ("value_bytes", "slot_bytes", "metadata_bytes",
-                                                                  "index_bytes")}}
+    counted = {"value_bytes": c.store.values, "slot_bytes": c.store.slots, "metadata_bytes": c.store.metadata,
+               "index_bytes": c.index_bytes}
+    return {"counted_bytes_per_key": {k: v / stored for k, v in counted.items()}}
 
 
 if __name__ == "__main__":

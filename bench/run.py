@@ -187,9 +187,9 @@ def tiers(short, repeats):
     memory, dim 16, lazy Adam, batches of 256 x 26 ids (1600 distinct batches, 1.17M distinct keys; the
     budget must hold the batches in flight), prefetch 1 for all three, timed after one full pass (steady
     state: every key has a row). Both swap policies are run (SHARDREC_SWAP_POLICY); the SSD bytes read per
-    step are set against the disk's own speed."""
+    step are set against the disk's own speed. --short: 800 batches, 200 warm-up and 100 timed steps."""
     common = ["bench/sparse_step.py", "--peer", "shardrec", "--dim", "16", "--optimizer", "lazy_adam", "--batch", "256",
-              "--prefetch", "1"] + (["--batches", "1600", "--warmup", "400", "--steps", "200"] if short else
+              "--prefetch", "1"] + (["--batches", "800", "--warmup", "200", "--steps", "100"] if short else
                                     ["--batches", "1600", "--warmup", "1600", "--steps", "400"])
     variants = {"all in memory": ([], None), "10% in memory (lfu)": (["--memory-fraction", "0.1"], "lfu"),
                 "1% in memory (lfu)": (["--memory-fraction", "0.01"], "lfu"),
@@ -378,7 +378,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + tiers(args.short, repeats) + end_to_end(args.short, max(2, repeats)) + scaling(args.short, repeats) + \
+    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + tiers(args.short, repeats) + end_to_end(args.short, repeats if args.short else max(2, repeats)) + scaling(args.short, repeats) + \
         exchange_only(args.short) + \
         memory(args.short) + checkpoint(args.short)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),

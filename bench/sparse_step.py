@@ -90,9 +90,9 @@ def main(argv=None):
             # The key exchange runs in the dataset's thread, ahead of the steps (prefetch): its share
             # of the timed wall time, and the part of it spent waiting in MPI.
             wall, after = time.perf_counter() - timed_start, _exchange_counters(args.peer)
-            shares["key_exchange_share"] = (after["seconds_total"] - exchange_before["seconds_total"]) / wall
-            shares["key_collectives_share"] = (after["seconds_in_collectives"] -
-                                               exchange_before["seconds_in_collectives"]) / wall
+            shares["key_exchange_share"] = (after.seconds_total - exchange_before.seconds_total) / wall
+            shares["key_collectives_share"] = (after.seconds_in_collectives -
+                                               exchange_before.seconds_in_collectives) / wall
             if tiers_before:
                 shares["tiers"] = _tier_summary(tiers_before, _tier_counters(args), per_window * args.windows, wall)
         if args.trace_steps:
@@ -108,7 +108,7 @@ def main(argv=None):
         if args.faae:
             from shardrec.rank_runtime import config
 
-            shares["table_counters"] = {k: v for k, v in config.get_table("emb").counters().items()
+            shares["table_counters"] = {k: v for k, v in config.get_table("emb").counters().as_dict().items()
                                         if k in ("admitted", "rejected", "evicted", "reused", "size", "pending")}
         if ssd_dir:
             shares["memory_fraction"] = args.memory_fraction
@@ -133,7 +133,7 @@ def _tier_counters(args):
         return {}
     from shardrec.rank_runtime import config
 
-    return config.get_table("emb").counters()
+    return config.get_table("emb").counters().as_dict()
 
 
 def _tier_summary(before, after, steps, wall):
@@ -152,9 +152,10 @@ def _tier_summary(before, after, steps, wall):
 def _exchange_counters(peer):
     if peer != "shardrec":
         return {}
+    from shardrec.rank_runtime.channel import Channel
     from shardrec.rank_runtime.world import get_world
 
-    return get_world().exchanges["train"].counters()
+    return get_world().exchanges[Channel.TRAIN].counters()
 
 
 if __name__ == "__main__":

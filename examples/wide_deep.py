@@ -34,6 +34,7 @@ from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 from shardrec.rank_runtime import report, resume_checkpoint  # noqa: E402
 from shardrec.rank_runtime.logs import get_logger  # noqa: E402
 from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
+from shardrec.rank_runtime.channel import Channel  # noqa: E402
 from shardrec.rank_runtime.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
@@ -190,7 +191,7 @@ def main(argv=None):
         timed_end = args.steps - args.trace_steps
         clock = {}
         shares = []
-        exchange = get_world().exchanges["train"]
+        exchange = get_world().exchanges[Channel.TRAIN]
         for step in range(start + 1, args.steps + 1):
             if step == warmup + 1:
                 clock["start"], clock["exchange"] = time.time(), exchange.counters()
@@ -224,8 +225,8 @@ def main(argv=None):
         if not losses:
             losses = [float("nan")]  # resumed at the last step: nothing left to train
         train_seconds = clock["end"] - clock["start"]
-        exchange_s = clock["exchange_end"]["seconds_total"] - clock["exchange"]["seconds_total"]
-        collectives_s = clock["exchange_end"]["seconds_in_collectives"] - clock["exchange"]["seconds_in_collectives"]
+        exchange_s = clock["exchange_end"].seconds_total - clock["exchange"].seconds_total
+        collectives_s = clock["exchange_end"].seconds_in_collectives - clock["exchange"].seconds_in_collectives
         path = saver.save(sess, ckpt_prefix, global_step=step) if step > start else resume
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import psutil
 
 from . import checkpoints
-from shardrec.rank_runtime import heartbeat
+from shardrec.rank_runtime import heartbeat_format as beats
+from shardrec.rank_runtime.heartbeat_format import Heartbeat
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
 # How Open MPI 5 and shardrec's exit hooks name the rank that failed, most specific first.
@@ -122,19 +123,19 @@ class Attempt:
             cmd += ["-H", self.spec.hosts]
         if not self.spec.hostfile and not self.spec.hosts:
             cmd.append("--oversubscribe")  # one host: as many ranks as asked, whatever its cores
-        forwarded = [heartbeat.RUN_DIR_ENV, heartbeat.ATTEMPT_ENV, heartbeat.INTERVAL_ENV]
+        forwarded = [beats.RUN_DIR_ENV, beats.ATTEMPT_ENV, beats.INTERVAL_ENV]
         if self.resume_from:
-            forwarded.append(heartbeat.RESUME_ENV)
+            forwarded.append(beats.RESUME_ENV)
         for name in forwarded + list(self.spec.forward_env):
             cmd += ["-x", name]
         return cmd + list(self.spec.mpiexec_args) + list(self.spec.command)
 
     def run(self):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{heartbeat.RUN_DIR_ENV: self.dir,
-                                                         heartbeat.ATTEMPT_ENV: str(self.number),
-                                                         heartbeat.INTERVAL_ENV: str(self.tick)})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{beats.RUN_DIR_ENV: self.dir,
+                                                         beats.ATTEMPT_ENV: str(self.number),
+                                                         beats.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
-            env[heartbeat.RESUME_ENV] = self.resume_from
+            env[beats.RESUME_ENV] = self.resume_from
         # Open MPI's session files in a directory of this attempt's own, removed when it ends: a killed
         # attempt leaves its rendezvous files behind, and a later mpiexec that gets the same PID (they
         # are reused; 32768 of them here) cannot start ("The PMIx server's listener thread failed").
@@ -168,9 +169,9 @@ class Attempt:
                     self.tails["mpiexec"].append(line.rstrip("\n"))
                     continue
                 rank, text = int(m.group(1)), m.group(3)
-                at = text.find(heartbeat.MARK)
+                at = text.find(beats.MARK)
                 if at >= 0:
-                    self._beat(rank, text[at + len(heartbeat.MARK):])
+                    self._beat(rank, text[at + len(beats.MARK):])
                     text = text[:at]  # what the rank's script had written of a line before the beat
                     if not text:
                         continue
@@ -187,21 +188,20 @@ class Attempt:
 
     def _beat(self, rank, text):
         """Records one heartbeat of `rank` and keeps the last in the run directory."""
-        try:
-            beat = json.loads(text)
-        except ValueError:
+        beat = Heartbeat.parse(text)
+        if beat is None:
             return  # cut short by a dying rank
         now = time.monotonic()
         with self._lock:
             previous = self.beats.get(rank)
-            if previous is None or beat.get("progress") != previous.get("progress") or beat.get("exiting"):
+            if previous is None or beat.progress != previous.progress or beat.exiting:
                 self.moved[rank] = now
             self.heard[rank] = now
             self.beats[rank] = beat
-            self.peak_rss[rank] = max(self.peak_rss[rank], int(beat.get("rss", 0)))
+            self.peak_rss[rank] = max(self.peak_rss[rank], beat.rss)
         path = os.path.join(self.heartbeat_dir, f"rank-{rank}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump(beat, f)
+            json.dump(beat.to_dict(), f)
         os.replace(path + ".tmp", path)
 
     def _hung(self, now):
@@ -211,11 +211,11 @@ class Attempt:
         every rank there fell silent while another host still ticks."""
         limit = self.spec.hang_timeout
         with self._lock:
-            live = [r for r in range(self.spec.np) if not self.beats.get(r, {}).get("exiting")]
-            done = [r for r, b in self.beats.items() if b.get("exiting")]
+            live = [r for r in range(self.spec.np) if not (r in self.beats and self.beats[r].exiting)]
+            done = [r for r, b in self.beats.items() if b.exiting]
             silent = {r: now - self.heard.get(r, self.started) for r in live}
             stalled = {r: now - self.moved.get(r, self.started) for r in live}
-            hosts = {r: b.get("host") for r, b in self.beats.items()}
+            hosts = {r: b.host for r, b in self.beats.items()}
         # Once a rank has exited, the others are finishing (closing sessions, MPI and Horovod
         # teardown over TCP can take seconds): they make no progress by design, so only a longer
         # wait counts against them. Silence still counts at once.
@@ -253,11 +253,11 @@ class Attempt:
 
     def _check_memory(self):
         for rank, beat in list(self.beats.items()):
-            rss = int(beat.get("rss", 0))
-            total = int(beat.get("host_memory") or psutil.virtual_memory().total)
+            rss = beat.rss
+            total = beat.host_memory or psutil.virtual_memory().total
             if rss > self.spec.memory_share * total and rank not in self._warned_memory:
                 self._warned_memory.add(rank)
-                where = f" on host {beat['host']}" if beat.get("host") else ""
+                where = f" on host {beat.host}" if beat.host else ""
                 log(f"rank {rank}{where} uses {rss / 2**30:.1f} GiB, over {self.spec.memory_share:.0%} of its host's "
                     f"{total / 2**30:.1f} GiB: the kernel may kill it")
 
@@ -287,9 +287,9 @@ class Attempt:
         mine = {p.pid for p in self.processes()}  # never signal a pid that is not this attempt's
         asked = []
         for rank, beat in sorted(list(self.beats.items())):
-            if beat.get("pid") in mine and not beat.get("exiting"):
+            if beat.pid in mine and not beat.exiting:
                 try:
-                    os.kill(beat["pid"], signal.SIGUSR1)
+                    os.kill(beat.pid, signal.SIGUSR1)
                     asked.append(rank)
                 except OSError:
                     pass
@@ -298,7 +298,7 @@ class Attempt:
             log(f"the stacks of rank(s) {asked} at that moment are in their logs ({self.dir})")
 
     def _process_state(self, rank):
-        pid = self.beats.get(rank, {}).get("pid")
+        pid = self.beats[rank].pid if rank in self.beats else None
         try:
             status = psutil.Process(pid).status() if pid else None
         except psutil.Error:
@@ -307,7 +307,7 @@ class Attempt:
 
     def _ended(self, code):
         beats = dict(self.beats)
-        unfinished = [r for r, b in sorted(beats.items()) if not b.get("exiting")]
+        unfinished = [r for r, b in sorted(beats.items()) if not b.exiting]
         if code == 0:
             if unfinished:
                 # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
@@ -315,7 +315,7 @@ class Attempt:
                 now = time.monotonic()
                 first = max(unfinished, key=lambda r: now - self.heard[r])
                 return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
-                                      f"{beats[first].get('host', '?')} (rank {first}) fell silent first, "
+                                      f"{beats[first].host or '?'} (rank {first}) fell silent first, "
                                       f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
                                rank=first, exit_code=0)
             return Outcome(True, exit_code=0)
@@ -337,18 +337,18 @@ class Attempt:
         beat = self.beats.get(0)
         if not beat:
             return
-        step = beat.get("step", beat.get("train_batches"))
+        step = beat.step_or_batches()
         parts = [f"attempt {self.number}"]
-        total = beat.get("total_steps")
+        total = beat.total_steps
         if step is not None:
             parts.append(f"step {step}" + (f"/{total}" if total else ""))
             if total and tty:
                 done = min(20, int(20 * step / total))
                 parts.insert(1, "[" + "#" * done + "." * (20 - done) + "]")
-        if beat.get("samples_per_s"):
-            parts.append(f"{beat['samples_per_s']:.0f} samples/s")
-        if beat.get("loss") is not None:
-            parts.append(f"loss {beat['loss']:.4f}")
+        if beat.samples_per_s:
+            parts.append(f"{beat.samples_per_s:.0f} samples/s")
+        if beat.loss is not None:
+            parts.append(f"loss {beat.loss:.4f}")
         elapsed = time.monotonic() - self.started
         if total and step:
             parts.append(f"ETA {max(0.0, elapsed * (total - step) / step):.0f} s")
@@ -375,7 +375,7 @@ class Attempt:
             except (OSError, psutil.Error):
                 continue
         for beat in list(self.beats.values()):
-            pid = beat.get("pid")
+            pid = beat.pid
             if pid and pid not in found and psutil.pid_exists(pid):
                 try:
                     found[pid] = psutil.Process(pid)
@@ -492,17 +492,18 @@ class Supervisor:
         last = self.attempts[-1]
         summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": len(self.attempts) - 1,
                    "seconds": round(time.monotonic() - started, 1), "reason": outcome.reason,
-                   "ranks": {r: {k: b.get(k) for k in ("step", "train_batches", "loss", "samples_per_s", "tables")}
+                   "ranks": {r: {"step": b.step, "train_batches": b.train_batches, "loss": b.loss,
+                                 "samples_per_s": b.samples_per_s, "tables": b.tables or None}
                              | {"peak_rss": max(a.peak_rss.get(r, 0) for a in self.attempts)}
                              for r, b in sorted(last.beats.items())}}
         totals = collections.Counter()
         for beat in last.beats.values():
-            totals.update(beat.get("tables") or {})
+            totals.update(beat.tables)
         summary["tables"] = dict(totals)  # keys held by all ranks together, per table
         for kind in ("admission", "tiers"):
             summed = {}
             for beat in last.beats.values():
-                for table, counters in (beat.get(kind) or {}).items():
+                for table, counters in getattr(beat, kind).items():
                     summed.setdefault(table, collections.Counter()).update(counters)
             if summed:
                 # Admission and eviction counters, and those of the storage tiers, summed over the ranks.

@@ -20,9 +20,9 @@ _EXPORTS = {
     "get_asc_insert_func": ".key_pipeline", "start_asc_pipeline": ".key_pipeline",
     "sparse_lookup": ".lookup",
     "get_dense_and_sparse_variable": ".variables",
-    "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".config",
+    "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".lifecycle",
     "get_if_load": ".config", "set_if_load": ".config",
-    "terminate_config_initializer": ".config",
+    "terminate_config_initializer": ".lifecycle",
     "report": ".heartbeat", "resume_checkpoint": ".heartbeat",
 }
 

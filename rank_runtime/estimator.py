@@ -95,7 +95,7 @@ class Estimator(tf.estimator.Estimator):
             spec = user_fn(**{k: v for k, v in kwargs.items() if k in user_args})
             return estimator._add_rank_hooks(spec, mode)
 
-        # Warm start covers tables and list-valued settings (seed 004), so shardrec applies it
+        # Warm start covers tables and list-valued settings (the user guide's "Custom WarmStart"), so shardrec applies it
         # itself (warm_start.py) instead of tf.estimator.
         self._warm_start = None
         if warm_start_from is not None:

@@ -22,12 +22,10 @@ import os
 import sys
 import traceback
 
-# The statuses sys.exit was called with: what tells a failing exit.
-_exit_status = []
-_installed = []
+from .state import STATE
 
 
-def exit_failed():
+def exit_failed() -> bool:
     """Whether this process is exiting with a failure: sys.exit with a failing status, or an
     uncaught error."""
     return _failing_status() is not None or getattr(sys, "last_value", None) is not None
@@ -35,7 +33,8 @@ def exit_failed():
 
 def _failing_status():
     """The status of a failing sys.exit (a non-zero number, or a message), else None."""
-    return _exit_status[-1] if _exit_status and _exit_status[-1] not in (None, 0) else None
+    statuses = STATE.exit_statuses
+    return statuses[-1] if statuses and statuses[-1] not in (None, 0) else None
 
 
 def _mpi_running():
@@ -63,15 +62,15 @@ def _say(text):
     sys.stderr.flush()
 
 
-def install():
+def install() -> None:
     """Idempotent: wraps sys.exit and registers the at-exit check (sys.excepthook stays the user's)."""
-    if _installed:
+    if STATE.exit_hooks_installed:
         return
-    _installed.append(True)
+    STATE.exit_hooks_installed = True
     previous_exit = sys.exit
 
     def exit(status=None):  # noqa: A001 - it is sys.exit
-        _exit_status.append(status)
+        STATE.exit_statuses.append(status)
         previous_exit(status)
 
     def at_exit():
@@ -98,7 +97,7 @@ def install():
     atexit.register(at_exit)
 
 
-def abort_on_uncaught_error():
+def abort_on_uncaught_error() -> None:
     """From init() on: an uncaught error ends the job at once (idempotent), its traceback first."""
     if getattr(sys.excepthook, "_shardrec", False):
         return

@@ -1,4 +1,4 @@
-"""Automatic graph modification (seed 000): ``sparse_lookup(table, ids, ..., modify_graph=True)``
+"""Automatic graph modification (the user guide's "Automatic Graph Modification"): ``sparse_lookup(table, ids, ..., modify_graph=True)``
 takes a plain id tensor; ``modify_graph_and_start_emb_cache()`` then inserts the key pipeline into
 the dataset behind it.
 
@@ -15,8 +15,8 @@ for every iterator behind such lookups:
    outputs and of the placeholders to the new ``get_next()``;
 3. keeps the new initializers for ``get_initializer(True / False)``, and starts the pipeline.
 """
-import itertools
 import os
+import re
 
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
@@ -32,7 +32,6 @@ log = get_logger("shardrec.graph_modifier")
 
 _GET_NEXT = ("IteratorGetNext", "IteratorGetNextSync")
 _COMPONENT = "_shardrec_component_{}"
-_counter = itertools.count()
 
 
 class PendingLookup:
@@ -102,7 +101,18 @@ def _transform_graph_def(full, between):
     return out
 
 
-def pending_lookup(hashtable, ids, is_train, name, access_and_evict_config):
+def _feature_name(ids, table):
+    """The feature of a modified lookup, named from the graph (the id tensor and the table), so that
+    every rank that builds the same graph names it alike, in whatever order; a second lookup of the
+    same ids in the same table gets its number."""
+    stem = "_shardrec_mg_" + re.sub(r"[^A-Za-z0-9_.]", "_", ids.name) + "_" + table.table_name
+    pending = config.get_config().graph_state(ids.graph).pending_lookups
+    n = sum(1 for lookup in pending if re.fullmatch(re.escape(stem) + r"(_\d+)?", lookup.spec.name))
+    return stem if n == 0 else f"{stem}_{n}"
+
+
+def pending_lookup(hashtable, ids: tf.Tensor, is_train: bool, name: str | None,
+                   access_and_evict_config: dict | None) -> tuple:
     """Records a modify_graph=True lookup; returns (FeatureSpec, batch dict of placeholders) for the
     lookup's graph, which modification later rewires to the key pipeline."""
     lookup_name = name or f"{hashtable.table_name}_lookup"
@@ -120,7 +130,7 @@ def pending_lookup(hashtable, ids, is_train, name, access_and_evict_config):
                          "modification has no timestamp feature to read; evict in FeatureSpec mode (a "
                          "FeatureSpec(..., is_timestamp=True) among get_asc_insert_func's specs), or set "
                          "eviction_threshold=-1 (admission by access_threshold works here)")
-    spec = FeatureSpec(f"_shardrec_mg{next(_counter)}_{hashtable.table_name}", table_name=hashtable.table_name,
+    spec = FeatureSpec(_feature_name(ids, hashtable), table_name=hashtable.table_name,
                        access_threshold=thresholds.get("access_threshold"),
                        eviction_threshold=thresholds.get("eviction_threshold"))
     with tf.name_scope(f"{lookup_name}_pending"):
@@ -206,7 +216,7 @@ def _modify_iterator(get_next, lookups):
         routing = FeatureRouting.read_from(new, lookup.spec.name)
         for field in FeatureRouting.names():
             _rewire(getattr(lookup.placeholders, field), getattr(routing, field))
-        lookup.table.distinct_slot_tensors.add(routing.slots.ref())
+        lookup.table.mark_distinct_rows(routing.rows)
     return is_train, (None if one_shot else iterator.initializer)
 
 
@@ -214,7 +224,7 @@ def _dump(graph, directory, name):
     tf.io.write_graph(graph.as_graph_def(add_shapes=True), directory, name, as_text=True)
 
 
-def modify_graph_and_start_emb_cache(dump_graph=False):
+def modify_graph_and_start_emb_cache(dump_graph: bool = False) -> None:
     """Inserts the key pipeline behind every modify_graph=True lookup of the default graph, then
     starts the pipeline."""
     check_bool("modify_graph_and_start_emb_cache", "dump_graph", dump_graph)
@@ -251,7 +261,7 @@ def modify_graph_and_start_emb_cache(dump_graph=False):
     start_asc_pipeline()
 
 
-def get_initializer(is_training):
+def get_initializer(is_training: bool) -> tf.Operation:
     """The initializer of the iterator(s) that graph modification made for train (True) or eval
     (False) lookups; run it where the script ran iterator.initializer."""
     check_bool("get_initializer", "is_training", is_training)

@@ -2,7 +2,7 @@
 service and no shared filesystem of its own.
 
 Active only when the supervisor started the rank (it sets SHARDREC_RUN_DIR): each rank then writes
-one-line beats (`SHARDREC-HEARTBEAT {json}`) to its standard error, which mpiexec forwards to the
+one-line beats (heartbeat_format.py's Heartbeat, after `SHARDREC-HEARTBEAT `) to its standard error, which mpiexec forwards to the
 supervisor over the same links as the rank's output. That path is the point: a rank on a host whose
 link is cut falls silent for the supervisor exactly as the host does, while the ranks it leaves
 stuck in a collective keep ticking.
@@ -15,37 +15,36 @@ Two kinds of beat, both carrying the progress counter:
 The last beat, at exit, says so. SIGUSR1 makes the rank write every thread's stack to its log.
 """
 import atexit
+import dataclasses
 import faulthandler
-import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+from typing import Optional
 
-RUN_DIR_ENV = "SHARDREC_RUN_DIR"
-ATTEMPT_ENV = "SHARDREC_ATTEMPT"
-RESUME_ENV = "SHARDREC_RESUME_FROM"
-INTERVAL_ENV = "SHARDREC_HEARTBEAT_INTERVAL_S"
-MARK = "SHARDREC-HEARTBEAT "
+from .channel import Channel
+from .heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, Heartbeat
+from .state import STATE
+
 MIN_INTERVAL_S = 0.5
 
-_lock = threading.Lock()
-_state = {"fields": {}, "progress": 0, "written": 0.0, "fd": None, "tables": {}}
+_beats = STATE.heartbeat
 
 
-def start(rank, size):
+def start(rank: int, size: int) -> None:
     """Called by init(): from here on this rank's progress goes to the supervisor."""
-    if not os.environ.get(RUN_DIR_ENV) or _state["fd"] is not None:
+    if not os.environ.get(RUN_DIR_ENV) or _beats.fd is not None:
         return
     # A duplicate of the stderr mpiexec gave us: the script redirecting sys.stderr (or fd 2) later
     # must not swallow the beats.
-    _state["fd"] = os.dup(2)
+    _beats.fd = os.dup(2)
     import psutil
 
     # The rank's host, not the supervisor's: memory warnings compare against this.
-    _state["fields"].update(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
+    _beats.beat = Heartbeat(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
                             host_memory=psutil.virtual_memory().total, attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
     atexit.register(_last_beat)
     # The supervisor sends SIGUSR1 to a rank it is about to kill as hung: every thread's stack goes
@@ -56,36 +55,45 @@ def start(rank, size):
     threading.Thread(target=_tick, args=(interval,), name="shardrec-heartbeat", daemon=True).start()
 
 
-def active():
+def active() -> bool:
     """Whether a supervisor reads this rank's heartbeats (callers skip their work otherwise)."""
-    return _state["fd"] is not None
+    return _beats.fd is not None
 
 
-def watch_tables(tables):
-    """Tables (name -> object with size()) whose key counts go into every beat; sizes are read only
+def watch_tables(tables: dict) -> None:
+    """Tables (name -> EmbeddingTable) whose key counts go into every beat; they are read only
     when a beat is written, not on every progress."""
-    _state["tables"].update(tables)
+    _beats.tables.update(tables)
 
 
-def progress(**fields):
-    """One unit of progress (a batch exchanged, a step reported), with what the rank knows of it."""
-    if _state["fd"] is None:
+def _progress(**fields) -> None:
+    """One unit of progress, with what the rank knows of it (Heartbeat fields)."""
+    if _beats.fd is None:
         return
-    with _lock:
-        _state["progress"] += 1
-        _state["fields"].update(fields)
+    with _beats.lock:
+        _beats.beat = dataclasses.replace(_beats.beat, progress=_beats.beat.progress + 1, **fields)
     _write()
 
 
-def report(step=None, loss=None, samples_per_s=None, total_steps=None):
+def batches_exchanged(channel: Channel, batches: int) -> None:
+    """The key pipeline exchanged its `batches`-th batch of this pass on `channel`."""
+    if channel == Channel.TRAIN:
+        _progress(train_batches=int(batches))
+    else:
+        _progress(eval_batches=int(batches))
+
+
+def report(step: Optional[int] = None, loss: Optional[float] = None, samples_per_s: Optional[float] = None,
+           total_steps: Optional[int] = None) -> None:
     """What a training script tells the supervisor after a step: its global step, loss, speed and
     (if known) the number of steps, for the progress line and the ETA. A no-op without one."""
-    fields = {k: v for k, v in (("step", step), ("loss", loss), ("samples_per_s", samples_per_s),
-                                ("total_steps", total_steps)) if v is not None}
-    progress(**{k: float(v) if k in ("loss", "samples_per_s") else int(v) for k, v in fields.items()})
+    fields = {"step": step, "total_steps": total_steps}
+    fields = {k: int(v) for k, v in fields.items() if v is not None}
+    fields.update({k: float(v) for k, v in (("loss", loss), ("samples_per_s", samples_per_s)) if v is not None})
+    _progress(**fields)
 
 
-def resume_checkpoint():
+def resume_checkpoint() -> Optional[str]:
     """The checkpoint the supervisor asks this attempt to resume from (the last committed one when
     the job was restarted), or None. Estimator and MonitoredTrainingSession jobs resume from their
     model directory by themselves; Session-mode scripts restore this path."""
@@ -98,40 +106,41 @@ def _tick(interval):
         _write(force=True, tick=True)
 
 
-def _write(force=False, tick=False, **extra):
+def _read_tables():
+    """Keys held, admission and tier counters of the watched tables, for the next beats."""
+    tables = _beats.tables
+    _beats.sizes = {name: table.size() for name, table in tables.items()}
+    _beats.admission = {name: table.admission_counters().as_dict() for name, table in tables.items()
+                        if table.thresholds is not None and table.thresholds.counts}
+    _beats.tiers = {name: table.ssd.counters(table.index).as_dict() for name, table in tables.items()
+                    if table.ssd is not None}
+
+
+def _write(force=False, tick=False, exiting=False):
     now = time.time()
-    with _lock:
-        if not force and now - _state["written"] < MIN_INTERVAL_S:
+    with _beats.lock:
+        if not force and now - _beats.written < MIN_INTERVAL_S:
             return
-        _state["written"] = now
-        beat = dict(_state["fields"], progress=_state["progress"], time=now, **extra)
-    if _state["tables"] and not tick:
+        _beats.written = now
+        beat = dataclasses.replace(_beats.beat, time=now, exiting=exiting)
+    if _beats.tables and not tick:
         # Read on the thread that makes progress, never from the ticker while a batch grows a table.
-        _state["sizes"] = {name: table.size() for name, table in _state["tables"].items()}
-        _state["admission"] = {name: table.admission_counters() for name, table in _state["tables"].items()
-                               if table.thresholds is not None and table.thresholds.counts}
-        _state["tiers"] = {name: table.ssd.counters(table.index) for name, table in _state["tables"].items()
-                           if table.ssd is not None}
-    if _state.get("sizes"):
-        beat["tables"] = _state["sizes"]
-    for kind in ("admission", "tiers"):
-        if _state.get(kind):
-            beat[kind] = _state[kind]
+        _read_tables()
+    beat.tables, beat.admission, beat.tiers = dict(_beats.sizes), dict(_beats.admission), dict(_beats.tiers)
     try:
         import psutil
 
-        beat["rss"] = psutil.Process().memory_info().rss
+        beat.rss = psutil.Process().memory_info().rss
     except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
         pass
     # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of
     # the script's left unfinished is split around it by the supervisor).
-    line = (MARK + json.dumps(beat, separators=(",", ":")) + "\n").encode()
     try:
-        os.write(_state["fd"], line)
+        os.write(_beats.fd, beat.line())
     except OSError:
         pass  # mpiexec gone: the supervisor already knows
 
 
 def _last_beat():
-    if _state["fd"] is not None:
+    if _beats.fd is not None:
         _write(force=True, exiting=True)

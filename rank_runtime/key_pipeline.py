@@ -13,7 +13,7 @@ first batch with an error naming the first difference instead of training the wr
 
 Every rank must see the same number of batches, or a collective waits (until the exchange's
 timeout). A map function never learns that its input ended, so ``Dataset.map`` is wrapped (by
-init(), process_hooks.py) to recognise an insert function and build, instead of a plain map: the
+init(), tf_patches.py) to recognise an insert function and build, instead of a plain map: the
 data, then one end marker, then the key exchange, then ``take_while``. A rank that reaches its
 marker tells the others inside the same exchange round, and every rank's dataset ends at that same
 batch. The map runs sequentially (no num_parallel_calls): rows are allocated in batch order and
@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import config, heartbeat
+from .channel import Channel
 from .admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from .logs import get_logger, warn_once
@@ -46,10 +47,6 @@ from .world import get_world
 log = get_logger("shardrec.pipeline")
 
 
-def channel_of(is_training):
-    return "train" if is_training else "eval"
-
-
 class _BatchKeyProcessor:
     """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
 
@@ -58,7 +55,7 @@ class _BatchKeyProcessor:
         self.channel = channel
         self.timestamp = timestamp  # the is_timestamp FeatureSpec whose values come last, or None
         # The graph the dataset was built in: the tables are looked up there when the first batch
-        # runs (seed 001 builds the dataset before it creates the tables).
+        # runs (the user guide's Session example builds the dataset before it creates the tables).
         self.graph = weakref.ref(graph)
         self.batches = 0
         self._features = None
@@ -98,33 +95,30 @@ class _BatchKeyProcessor:
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
         exchange = get_world().exchanges[self.channel]
         features = self._feature_set(cfg, graph)
-        evictions = exchange.counters()["evictions"] if self._evicting else 0
+        evictions = exchange.counters().evictions if self._evicting else 0
         result = exchange.run(features, list(key_arrays), not bool(is_end), timestamps)
-        if self._evicting and exchange.counters()["evictions"] != evictions:
+        if self._evicting and exchange.counters().evictions != evictions:
             self._log_eviction(exchange)
-        if result is None:
+        if result.ended:
             ended = exchange.ranks_out_of_data
             if self.batches == 0:
                 log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "
-                            "batches; give every rank data (a shard of the dataset each)", self.channel, ended)
+                            "batches; give every rank data (a shard of the dataset each)", self.channel.label, ended)
             else:
                 log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the "
-                         "same batch", self.channel, "this rank has no more" if is_end else "another rank ran out",
+                         "same batch", self.channel.label, "this rank has no more" if is_end else "another rank ran out",
                          self.batches, ended)
             self.batches = 0
-            size = cfg.size
-            empty = np.zeros(0, np.int32)
-            return [np.True_] + [a for keys in key_arrays
-                                 for a in (empty, empty, np.zeros(size, np.int32), np.zeros(np.size(keys), np.int32),
-                                           np.zeros(1, np.int32))]
-        self.batches += 1
-        heartbeat.progress(**{f"{self.channel}_batches": self.batches})
-        return [np.False_] + [a for outputs in result for a in outputs]
+        else:
+            self.batches += 1
+            heartbeat.batches_exchanged(self.channel, self.batches)
+        # The native routing's fields, by the names the dataset element files them under (routing.py).
+        return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
 
     def _log_eviction(self, exchange):
-        step = exchange.counters()["last_eviction_step"]
+        step = exchange.counters().last_eviction_step
         log.info("eviction at step %d (before batch %d's keys): %s", step, step + 1, "; ".join(
-            f"table {t.table_name}: " + ", ".join(f"{k} {v}" for k, v in t.admission_counters().items())
+            f"table {t.table_name}: " + ", ".join(f"{k} {v}" for k, v in t.admission_counters().as_dict().items())
             for t in self._evicting))
 
 
@@ -145,7 +139,7 @@ class InsertFunction:
     def __init__(self, specs, is_training):
         stamps = [s for s in specs if s.is_timestamp]
         self.specs = sorted((s for s in specs if not s.is_timestamp), key=lambda s: s.name)
-        self.channel = channel_of(is_training)
+        self.channel = Channel.of(is_training)
         self.timestamp = _timestamp_spec(self.specs, stamps, is_training)
         graph = tf.compat.v1.get_default_graph()
         self._processor = _BatchKeyProcessor(self.specs, self.channel, graph, self.timestamp)
@@ -224,7 +218,8 @@ def _timestamp_spec(specs, stamps, is_training):
     return stamps[0] if stamps and is_training else None
 
 
-def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwargs):
+def get_asc_insert_func(tgt_key_specs, is_training: bool = True, dump_graph: bool = False,
+                        **kwargs) -> "InsertFunction":
     """Returns the function for ``dataset.map`` that hands every batch's ids to the key pipeline."""
     owner = "get_asc_insert_func"
     config.get_config()
@@ -250,7 +245,7 @@ def get_asc_insert_func(tgt_key_specs, is_training=True, dump_graph=False, **kwa
     return InsertFunction(specs, is_training)
 
 
-def start_asc_pipeline():
+def start_asc_pipeline() -> None:
     """Freezes the table configuration and lets the datasets' key processing run."""
     cfg = config.get_config()
     state = cfg.graph_state()

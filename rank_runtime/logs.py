@@ -3,21 +3,20 @@ import logging
 import os
 import sys
 
-_rank_text = "rank 0/1"
+from .state import STATE
 
 
-def set_rank(rank, size):
-    global _rank_text
-    _rank_text = f"rank {rank}/{size}"
+def set_rank(rank: int, size: int) -> None:
+    STATE.rank_text = f"rank {rank}/{size}"
 
 
 class _RankFilter(logging.Filter):
     def filter(self, record):
-        record.rank = _rank_text
+        record.rank = STATE.rank_text
         return True
 
 
-def get_logger(name):
+def get_logger(name: str) -> logging.Logger:
     logger = logging.getLogger(name)
     root = logging.getLogger("shardrec")
     if not root.handlers:
@@ -29,12 +28,8 @@ def get_logger(name):
         root.propagate = False
     return logger
 
-
-_warned = set()
-
-
-def warn_once(message, logger="shardrec"):
+def warn_once(message: str, logger: str = "shardrec") -> None:
     """Logs `message` as a warning the first time only (a parameter with no effect, say)."""
-    if message not in _warned:
-        _warned.add(message)
+    if message not in STATE.warned:
+        STATE.warned.add(message)
         get_logger(logger).warning(message)

@@ -2,12 +2,12 @@
 import tensorflow as tf
 
 from . import config, native_ops
+from .channel import Channel, RowExchangeName
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
-from .key_pipeline import channel_of
 from .optimizers import by_address
 from .routing import FeatureRouting
-from .table import MAX_LOOKUPS_PER_TABLE, EmbeddingTable
+from .table import EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 from .world import get_world
 
@@ -17,14 +17,14 @@ _OWNER = "sparse_lookup"
 @tf.RegisterGradient("ShardrecVariableRowGather")
 def _distinct_rows_gather_grad(op, grad):
     """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
-    slot tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
-    it in the pipeline's record of distinct slots (optimizers/base.py)."""
+    row tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
+    it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
     from tensorflow.python.ops import resource_variable_ops
 
     params_shape = resource_variable_ops.variable_shape(op.inputs[0])
-    slots = op.inputs[1]
-    values = tf.reshape(grad, tf.concat([tf.shape(slots), params_shape[1:]], 0))
-    return tf.IndexedSlices(values, slots, params_shape), None, None
+    rows = op.inputs[1]
+    values = tf.reshape(grad, tf.concat([tf.shape(rows), params_shape[1:]], 0))
+    return tf.IndexedSlices(values, rows, params_shape), None, None
 
 
 def _routing(spec, batch):
@@ -64,37 +64,36 @@ def _check_thresholds(spec, access_and_evict_config):
                              "govern: make them agree, or leave access_and_evict_config out")
 
 
-def _register_send_count(state, spec, is_train, send_count):
-    key = (spec.name, channel_of(is_train))
+def _register_send_count(state, spec, channel, send_count):
+    key = (spec.name, channel)
     known = state.send_counts.setdefault(key, send_count)
     if known != send_count:
-        raise ValueError(f"{_OWNER}: feature {spec.name!r} ({key[1]}) is already looked up with send_count={known}; "
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} ({channel.label}) is already looked up with "
+                         f"send_count={known}; "
                          f"a second lookup of it asks for send_count={send_count}; one feature has one send_count "
                          "per channel")
 
 
-def _rows_to_requesters(rows, recv_splits, dim, static_rows, exchange, state):
+def _rows_to_requesters(rows, recv_splits, dim, static_rows, exchange: RowExchangeName, state):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
     lookup's own communicators (the op library's row exchange; gradients go back the same way).
     They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
-    gradient = f"{exchange} gradients"
-    state.row_exchanges += [exchange, gradient]
-    back = native_ops.row_alltoall(rows, recv_splits, exchange, get_world().exchange_timeout_s, gradient)
+    state.row_exchanges.append(exchange)
+    back = native_ops.row_alltoall(rows, recv_splits, exchange.rows, get_world().exchange_timeout_s,
+                                   exchange.gradients)
     back.set_shape([static_rows, dim])
     return back
 
 
-def _exchange_name(state, table, spec, is_train):
-    """'<table>/<feature>/<channel>#<n>': the same on every rank, whatever order the lookups were built in."""
-    stem = f"{table.table_name}/{spec.name}/{channel_of(is_train)}"
-    n = sum(1 for name in state.row_exchanges if name.startswith(stem + "#") and not name.endswith(" gradients"))
-    return f"{stem}#{n}"
+def _exchange_name(state, table, spec, channel: Channel) -> RowExchangeName:
+    """The same on every rank, whatever order the lookups were built in: the n-th of its kind."""
+    n = sum(1 for e in state.row_exchanges if (e.table, e.feature, e.channel) == (table.table_name, spec.name, channel))
+    return RowExchangeName(table.table_name, spec.name, channel, n)
 
 
-def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
-                  batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None, **kwargs):
-    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
-    cfg = config.get_config()
+def _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph, access_and_evict_config,
+                      is_grad, kwargs):
+    """Every parameter's type and range; returns send_count checked (None with dynamic shapes)."""
     check_type(_OWNER, "hashtable", hashtable, EmbeddingTable, "a table from create_table")
     if hashtable.graph is not tf.compat.v1.get_default_graph():
         raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} was created in another TensorFlow graph; "
@@ -126,13 +125,20 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
                 check_int(_OWNER, f"access_and_evict_config[{key!r}]", access_and_evict_config[key], -1, INT32_MAX)
     if kwargs:
         raise TypeError(f"{_OWNER}: unknown parameter(s) {sorted(kwargs)}")
-    if hashtable.lookup_count >= MAX_LOOKUPS_PER_TABLE:
-        raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} is already looked up "
-                         f"{MAX_LOOKUPS_PER_TABLE} times; allowed: at most {MAX_LOOKUPS_PER_TABLE} lookups per table")
+    return send_count
+
+
+def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
+                  batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None,
+                  **kwargs) -> tf.Tensor:
+    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
+    cfg = config.get_config()
+    send_count = _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph,
+                                   access_and_evict_config, is_grad, kwargs)
+    hashtable.add_lookup(_OWNER)
     if cfg.graph_state().pipeline_started:
         raise RuntimeError(f"{_OWNER}: the key pipeline is already started; build every lookup before "
                            "start_asc_pipeline()")
-
     if modify_graph:
         ids, batch = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
     else:
@@ -144,41 +150,47 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         if access_and_evict_config is not None:
             _check_thresholds(ids, access_and_evict_config)
     routing = _routing(ids, batch)
+    channel = Channel.of(is_train)
     if send_count is not None:
-        _register_send_count(cfg.graph_state(), ids, is_train, send_count)
-    hashtable.lookup_count += 1
+        _register_send_count(cfg.graph_state(), ids, channel, send_count)
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
-        slots, restore = routing.slots, routing.restore
-        # Gradients flow to the table variable as IndexedSlices over `slots`, which are distinct:
-        # the sparse optimizers update those rows only, with no dedup of their own. The expand
-        # gather's gradient sums the gradients of a row asked for by several ranks.
-        rows = native_ops.variable_row_gather(hashtable.variable, slots, routing.ticket, 0 if is_train else 1)
-        hashtable.distinct_slot_tensors.add(slots.ref())
-        if not is_grad:
-            rows = tf.stop_gradient(rows)
-        elif cfg.use_dynamic_expansion and is_train:
-            by_address.record_lookup(hashtable, rows, tf.cast(slots, tf.int64, name="id_offset"))
-        width = hashtable.dim
-        if serving_default_value is not None:
-            # The owner knows which keys have no row: that flag travels back as one more column.
-            missing = tf.cast(tf.equal(slots, hashtable.sentinel), tf.float32)[:, None]
-            rows = tf.concat([rows, missing], axis=1)
-            width += 1
-        if cfg.size > 1 or not cfg.use_dynamic:
-            rows = native_ops.row_gather(rows, routing.expand)
-        if not cfg.use_dynamic:
-            rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
-        if cfg.size > 1:
-            state = cfg.graph_state()
-            rows = _rows_to_requesters(rows, routing.recv_splits, width,
-                                       None if cfg.use_dynamic else send_count * cfg.size,
-                                       _exchange_name(state, hashtable, ids, is_train), state)
-        emb = native_ops.row_gather(rows, restore)
-        if serving_default_value is not None:
-            default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [hashtable.dim])
-            emb, missing = emb[:, :hashtable.dim], emb[:, hashtable.dim:] > 0.5
-            emb = tf.where(missing, default[None, :], emb)
+        emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
         ids_tensor = batch[ids.index_key]
         out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
         out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
         return out
+
+
+def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
+    """The stages of a lookup (the README's "How it works"): row gather on the owner, the row
+    exchange back to the requesters, restore to batch order."""
+    rows_at = routing.rows
+    # Gradients flow to the table variable as IndexedSlices over `rows_at`, which are distinct:
+    # the sparse optimizers update those rows only, with no dedup of their own. The expand
+    # gather's gradient sums the gradients of a row asked for by several ranks.
+    rows = native_ops.variable_row_gather(table.variable, rows_at, routing.ticket, channel)
+    table.mark_distinct_rows(rows_at)
+    if not is_grad:
+        rows = tf.stop_gradient(rows)
+    elif cfg.use_dynamic_expansion and channel == Channel.TRAIN:
+        by_address.record_lookup(table, rows, tf.cast(rows_at, tf.int64, name="id_offset"))
+    width = table.dim
+    if serving_default_value is not None:
+        # The owner knows which keys have no row: that flag travels back as one more column.
+        missing = tf.cast(tf.equal(rows_at, table.sentinel), tf.float32)[:, None]
+        rows = tf.concat([rows, missing], axis=1)
+        width += 1
+    if cfg.size > 1 or not cfg.use_dynamic:
+        rows = native_ops.row_gather(rows, routing.expand)
+    if not cfg.use_dynamic:
+        rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
+    if cfg.size > 1:
+        state = cfg.graph_state()
+        rows = _rows_to_requesters(rows, routing.recv_splits, width, None if cfg.use_dynamic else send_count * cfg.size,
+                                   _exchange_name(state, table, spec, channel), state)
+    emb = native_ops.row_gather(rows, routing.restore)
+    if serving_default_value is not None:
+        default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])
+        emb, missing = emb[:, :table.dim], emb[:, table.dim:] > 0.5
+        emb = tf.where(missing, default[None, :], emb)
+    return emb

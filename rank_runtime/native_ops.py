@@ -12,15 +12,16 @@ import os
 
 import tensorflow as tf
 
+from .state import STATE
+
 REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` target), which rebuilds it for the " \
           "installed TensorFlow"
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
            "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
            "shardrec_store_bind", "shardrec_row_alltoall")
-_loaded = {}
 
 
-def library_path():
+def library_path() -> str:
     from .. import native
 
     found = sorted(p for d in native.__path__ for p in glob.glob(os.path.join(d, "tf_ops*.so")))
@@ -29,10 +30,10 @@ def library_path():
     return found[-1]
 
 
-def load(path=None):
+def load(path: str | None = None):
     """The op library's Python module (its ops as functions); `path` for tests."""
     path = path or library_path()
-    if path not in _loaded:
+    if path not in STATE.op_libraries:
         try:
             module = tf.load_op_library(path)
         except (tf.errors.NotFoundError, OSError) as e:
@@ -42,8 +43,8 @@ def load(path=None):
         if missing:
             raise RuntimeError(f"{path} is not shardrec's op library for this version (no {', '.join(missing)}): "
                                f"{REBUILD}")
-        _loaded[path] = module
-    return _loaded[path]
+        STATE.op_libraries[path] = module
+    return STATE.op_libraries[path]
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,38 +59,40 @@ def _c_library():
     return lib
 
 
-def register_comm(exchange, handle):
+def register_comm(exchange: str, handle: int) -> None:
     """The row exchange kernels named `exchange` use the communicator whose Fortran handle is `handle`."""
     _c_library().shardrec_comm_register(exchange.encode(), handle)
 
 
-def register_store(store):
+def register_store(store) -> None:
     """Lets the op library's kernels find `store` (a native RowStore) by its address; it keeps the
     store alive until unregister_store."""
     _c_library().shardrec_store_register(store.address)
 
 
-def unregister_store(store):
+def unregister_store(store) -> None:
     _c_library().shardrec_store_unregister(store.address)
 
 
-def store_bind(variable, store, column, initial):
+def store_bind(variable: tf.Variable, store, column: int, initial: tf.Tensor) -> tf.Operation:
     """The initializer of a table variable (or slot) bound to `column` of `store`."""
     return load().shardrec_store_bind(variable.handle, initial, store=store.address, column=column)
 
 
-def variable_row_gather(variable, index, ticket=None, channel=0):
+def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tensor | None = None,
+                        channel: int = 0) -> tf.Tensor:
     """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
     reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`). `ticket`
-    ([1] int32, the key pipeline's batch on `channel`, 0 train / 1 eval) tells the table's row store
+    ([1] int32, the key pipeline's batch on `channel`, a channel.Channel) tells the table's row store
     that the batch's rows are read (native/src/residency.h)."""
     if ticket is None:
         ticket = tf.zeros([1], tf.int32)
     return load().shardrec_variable_row_gather(variable.handle, index, ticket, dim=int(variable.shape[1]),
-                                               channel=channel)
+                                               channel=int(channel))
 
 
-def row_alltoall(rows, splits, exchange, timeout_s, gradient=None):
+def row_alltoall(rows: tf.Tensor, splits: tf.Tensor, exchange: str, timeout_s: float,
+                 gradient: str | None = None) -> tf.Tensor:
     """Sends splits[r] rows to rank r on the communicator registered as `exchange` (world.py);
     returns the rows received, by rank. Its gradient sends the gradients back the same way on the
     exchange named `gradient` (required where a gradient is taken)."""
@@ -109,7 +112,7 @@ def _row_alltoall_grad(op, grad, _):
     return back, None
 
 
-def row_gather(rows, index):
+def row_gather(rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
     """rows[index] for a 2-D float32 `rows`, in parallel over the output rows; its gradient is the
     dense sum per row of `rows` (what TensorFlow's gather + unsorted segment sum give)."""
     return load().shardrec_row_gather(rows, index)

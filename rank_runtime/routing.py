@@ -1,4 +1,6 @@
 """The seam between the key pipeline and the lookup: one feature's exchange result for one batch.
+Its fields are those of the native core's FeatureRouting (native/src/key_exchange.h), by the same
+names.
 
 The key pipeline computes it in the dataset (one native call per batch) and files it in the
 dataset element, which must be a dict of tensors for tf.data; the lookup reads it back. This type
@@ -15,8 +17,8 @@ _PREFIX = "_shardrec"
 class FeatureRouting:
     """Int32 tensors telling the lookup how to move one feature's rows for one batch."""
 
-    slots: tf.Tensor        # the distinct local rows this rank gathers for its requesters
-    expand: tf.Tensor       # per received key, its row among `slots` (empty with one rank, dynamic shapes)
+    rows: tf.Tensor         # the distinct local rows this rank gathers for its requesters
+    expand: tf.Tensor       # per received key, its row among `rows` (empty with one rank, dynamic shapes)
     recv_splits: tf.Tensor  # [world size]: rows going out to each requester
     restore: tf.Tensor      # per id of the batch: its row among those that come back
     ticket: tf.Tensor       # [1]: the batch's number on its table and channel (rows in flight stay in memory)
@@ -27,7 +29,7 @@ class FeatureRouting:
 
     @staticmethod
     def shapes(world_size, ids_per_batch):
-        return {"slots": [None], "expand": [None], "recv_splits": [world_size], "restore": [ids_per_batch],
+        return {"rows": [None], "expand": [None], "recv_splits": [world_size], "restore": [ids_per_batch],
                 "ticket": [1]}
 
     @staticmethod

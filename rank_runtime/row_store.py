@@ -32,7 +32,7 @@ class RowInit:
     seed: int = 0
 
 
-def memory_limit():
+def memory_limit() -> int:
     """Bytes of rows (values, slots, metadata) one table may use on one rank with dynamic expansion:
     SHARDREC_TABLE_MEMORY_LIMIT (a number of bytes, suffixes K, M, G, T), else the host's memory."""
     text = os.environ.get(MEMORY_LIMIT_ENV)
@@ -52,7 +52,7 @@ def _scalar(value):
         return None
 
 
-def row_init(initializer, table_name, rank, why="with dynamic expansion", per_rank=True):
+def row_init(initializer, table_name: str, rank: int, why: str = "with dynamic expansion", per_rank: bool = True):
     """The native draw matching `initializer` for a table with dynamic expansion, or a ValueError
     naming the initializers that have one. Unseeded initializers get a seed from the table name, so
     that a restarted job draws the same rows. With dynamic expansion each rank draws its own; with
@@ -78,7 +78,7 @@ def row_init(initializer, table_name, rank, why="with dynamic expansion", per_ra
                      f"random_normal, truncated_normal (tf.compat.v1 or Keras); got {initializer!r}")
 
 
-def expanding_rows(dim, table_name):
+def expanding_rows(dim: int, table_name: str) -> int:
     """The rows a table with dynamic expansion reserves: as many as its memory limit could hold of
     values alone (reserving address space costs no memory)."""
     limit = memory_limit()
@@ -89,7 +89,8 @@ def expanding_rows(dim, table_name):
     return rows, limit
 
 
-def make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank, draws_natively=False):
+def make_store(native_core, name: str, dim: int, capacity: int, expands: bool, emb_initializer, init_param: float,
+               rank: int, draws_natively: bool = False) -> tuple:
     """(store, rows it may hold): the store of a fixed table (capacity rows) or of one that grows.
     draws_natively: a fixed table with an SSD tier, whose rows the native core draws per key."""
     if not expands:

@@ -1,7 +1,7 @@
-"""tf.compat.v1.train.Saver that carries the sparse tables (seed 001's save / restore loop).
+"""tf.compat.v1.train.Saver that carries the sparse tables (the user guide's "Interface Calls" page: its save / restore loop).
 
 init() replaces ``tf.compat.v1.train.Saver`` (and the class the Estimator's Scaffold uses) with
-this subclass (process_hooks.py). Dense variables go through TensorFlow's own checkpoint as
+this subclass (tf_patches.py). Dense variables go through TensorFlow's own checkpoint as
 before; table variables and their optimizer slots are left out of it (they are capacity-sized
 and rank-specific) and written instead as this rank's shard (sparse_checkpoint.py): the keys the
 rank holds, in row order, with their rows of values and of every slot. The shard is written before
@@ -11,7 +11,7 @@ and MonitoredSession use) skips a checkpoint whose shards are not all committed.
 
 Every rank calls save at the same step. When all ranks pass the same path (one checkpoint,
 restorable into any number of ranks), rank 0 alone writes the dense part; with a path per rank
-(seed 001's `model-{rank_id}`), each rank writes its own, and the checkpoint restores into the
+(the user guide's `model-{rank_id}`), each rank writes its own, and the checkpoint restores into the
 same number of ranks.
 
 A snapshot is consistent without stopping the key pipeline: keys are exported under the index's
@@ -41,107 +41,19 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training import saver as saver_lib
 from tensorflow.python.training import training_util
 
-from . import config, table_restore
-from .logs import get_logger
+from . import config
 from .admission.steps import follow_global_step, step_of_save
-from .sparse_checkpoint import (PENDING, CheckpointError, TableFiles, array_entry, needed_shards, shard_name, sparse_dir,
-                                write_array, write_shard)
+from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
+from .logs import get_logger
+from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
+from .sparse_checkpoint import shard_name, sparse_dir, write_shard
+from .table_restore import restore_tables
+from .table_save import table_writer
 from .world import get_world
 
 log = get_logger("shardrec.saver")
 
 _TFSaver = saver_lib.Saver
-SAVE_SYNC_S = 120
-_NO_STEP = 2**62  # a save without global_step: the index as it is
-
-
-def rank_state_filename(rank):
-    """The state file (TensorFlow's `checkpoint`) of a rank that saves under a path of its own."""
-    return f"checkpoint.rank-{rank}"
-
-
-class _Attempt:
-    def __init__(self, value, error):
-        self.value, self.error = value, error
-
-
-def _attempt(fn):
-    try:
-        return _Attempt(fn(), None)
-    except (CheckpointError, OSError, ValueError, tf.errors.OpError) as e:
-        return _Attempt(None, e)
-
-
-def _agree(what, attempt, consequence):
-    """Every rank learns whether every rank's attempt succeeded; if any failed, every rank raises
-    a CheckpointError naming each failing rank and its error."""
-    cfg = config.get_config()
-    if cfg.size == 1:
-        if attempt.error is not None:
-            raise attempt.error
-        return
-    world = get_world()
-    failed = world.gather_from_ranks(int(attempt.error is not None), what, timeout=SAVE_SYNC_S)
-    if not any(failed):
-        return
-    texts = world.gather_texts("" if attempt.error is None else str(attempt.error), what, timeout=SAVE_SYNC_S)
-    reasons = "; ".join(f"rank {r}: {text}" for r, text in enumerate(texts) if failed[r])
-    raise CheckpointError(f"{what} failed on rank(s) {[r for r, f in enumerate(failed) if f]} ({reasons}); "
-                          f"{consequence}") from attempt.error
-
-
-def read_table_rows(sess, table):
-    """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
-    from the native row store (no session run; `sess` is kept for callers). Keys and rows are taken
-    under one hold of the index's lock: the input pipeline, which may move rows between tiers, waits."""
-    keys, arrays = _snapshot(table, None)[:2]
-    return {"keys": keys, **arrays}
-
-
-def _snapshot(table, step):
-    """(keys, {column name: rows}, the index's state as of `step` or None) in one native call."""
-    names = list(table.columns)
-    snap = table.index.snapshot([table.columns[n] for n in names], step)
-    return snap["keys"], dict(zip(names, snap["columns"])), snap
-
-
-# Rows per chunk on the way from the row store to a checkpoint file: with dim 64 and lazy Adam, 4 MiB.
-SAVE_CHUNK_ROWS = 16384
-
-
-def _table_writer(table, step):
-    """write_shard's writer for one table: its keys, and its values and slot rows written by the
-    native core straight from the store and the SSD tier into the files, a chunk at a time (under
-    one hold of the index's lock: no lookup of the input pipeline moves a row meanwhile). With
-    admission, the keys' counts and timestamps and the keys still counting, as of training step
-    `step` (the batches the input pipeline looked up beyond it taken back, embedding_index.h;
-    admission/steps.py says when), so that a restore at `step` goes on exactly as this run does.
-    step None: the index as it is."""
-    def write(folder):
-        names = list(table.columns)
-        counts = table.thresholds is not None and table.thresholds.counts
-        as_of = (_NO_STEP if step is None else step) if counts else None
-        saved = table.index.save_columns([table.columns[n] for n in names],
-                                         [os.path.join(folder, f"{n}.npy") for n in names], as_of, SAVE_CHUNK_ROWS)
-        keys = saved["keys"]
-        files = {"keys": write_array(folder, "keys", keys)}
-        for name, (nbytes, crc) in zip(names, saved["files"]):
-            files[name] = array_entry(f"{name}.npy", nbytes, crc, "<f4", (len(keys), table.dim))
-        admission = None
-        if counts:
-            if not saved["exact"]:
-                log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline "
-                            "looked up beyond it (more than the index keeps a journal of); a restore counts them "
-                            "twice", table.table_name, step)
-            for name in ("counts", "last_seen", *PENDING):
-                files[name] = write_array(folder, name, saved[name])
-            admission = {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
-                         "newest": saved["newest"], "pending_rows": len(saved["pending_keys"])}
-        return TableFiles(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
-                          optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
-                          files=files, admission=admission)
-
-    return write
 
 
 def _without_tables(var_list, excluded):
@@ -168,7 +80,7 @@ class Saver(_TFSaver):
                     kwargs["allow_empty"] = True
                 self._tables = [t for t in tables if t.is_save]
                 for table in self._tables:
-                    table_restore.checkpoint_ops(table)
+                    table.init_ops()
         if kwargs.get("defer_build") and self._tables:
             # TensorFlow refuses a var_list with a deferred build; it reads _var_list at build().
             super().__init__(None, *args, **kwargs)
@@ -204,11 +116,11 @@ class Saver(_TFSaver):
         # is written (by rank 0 alone when all ranks share the path), and again every rank learns
         # whether it was. 3. Only then is the checkpoint listed in the state file. A save that dies
         # or fails on any rank is therefore never the latest checkpoint, on any rank.
-        shard = _attempt(lambda: self._save_tables(sess, path, step, shared))
-        _agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
+        shard = attempt(lambda: self._save_tables(sess, path, step, shared))
+        agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
         writes_dense = not shared or cfg.rank == 0
-        dense = _attempt(lambda: dense_save(None, write_state=False)) if writes_dense else _Attempt(path, None)
-        _agree(f"Saver.save({path!r}): writing the dense part", dense,
+        dense = attempt(lambda: dense_save(None, write_state=False)) if writes_dense else Attempt(path, None)
+        agree(f"Saver.save({path!r}): writing the dense part", dense,
                "the checkpoint is not listed; the previous one stays the latest")
         if writes_dense and write_state:
             self._list_checkpoint(dense.value, latest_filename, meta_graph_suffix)
@@ -223,9 +135,9 @@ class Saver(_TFSaver):
         """Rank 0 writes every table's counters, summed over the ranks, as TensorBoard scalars
         (`shardrec/<table>/<counter>`) under <dir>/shardrec_counters, at the checkpoint's step."""
         cfg = config.get_config()
-        mine = {t.table_name: t.counters() for t in self._tables}
+        mine = {t.table_name: t.counters().as_dict() for t in self._tables}
         if cfg.size > 1:
-            texts = get_world().gather_texts(json.dumps(mine), "Saver.save: table counters", SAVE_SYNC_S)
+            texts = get_world().gather_texts(json.dumps(mine), "Saver.save: table counters", AGREE_TIMEOUT_S)
             if cfg.rank != 0:
                 return
             parts = [json.loads(text) for text in texts]
@@ -257,11 +169,11 @@ class Saver(_TFSaver):
         if self.last_checkpoints or getattr(self, "_recovered", False):
             return
         self._recovered = True
-        state = _tf_get_checkpoint_state(directory, latest_filename)
+        state = tf_get_checkpoint_state(directory, latest_filename)
         if state is None:
             return
         cfg = config.get_config()
-        earlier = [p for p in state.all_model_checkpoint_paths if _restorable(p, cfg)]
+        earlier = [p for p in state.all_model_checkpoint_paths if restorable(p, cfg)]
         self.recover_last_checkpoints(earlier)
         self._sparse_saved = [os.path.join(sparse_dir(p), shard_name(cfg.rank, cfg.size)) for p in earlier
                               if os.path.isdir(os.path.join(sparse_dir(p), shard_name(cfg.rank, cfg.size)))]
@@ -278,7 +190,7 @@ class Saver(_TFSaver):
         """Writes and commits this rank's shard; returns its directory."""
         cfg = config.get_config()
         back_to = step_of_save(step)
-        tables = {table.table_name: _table_writer(table, back_to) for table in self._tables}
+        tables = {table.table_name: table_writer(table, back_to) for table in self._tables}
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared)
         log.info("saved this rank's shard of %d table(s) to %s", len(tables), shard)
         return shard
@@ -290,7 +202,7 @@ class Saver(_TFSaver):
         if config.get_config().size == 1:
             return True
         mine = zlib.crc32(os.path.abspath(path).encode())
-        return len(set(get_world().gather_from_ranks(mine, f"Saver.save({path!r})", timeout=SAVE_SYNC_S))) == 1
+        return len(set(get_world().gather_from_ranks(mine, f"Saver.save({path!r})", timeout=AGREE_TIMEOUT_S))) == 1
 
     def _forget_old(self, shard):
         """Keeps this rank's shards of the last max_to_keep saves, as TensorFlow does for dense files."""
@@ -304,7 +216,7 @@ class Saver(_TFSaver):
             remove_if_empty(os.path.dirname(old))
 
 
-def remove_if_empty(directory):
+def remove_if_empty(directory: str) -> None:
     """Removes a save's directory once its last shard is gone. Every rank forgets its own shard at
     the same time, so the directory may already be gone (another rank removed it) or not yet empty
     (another rank's shard is still there): neither is an error of this save, which is committed."""
@@ -315,77 +227,3 @@ def remove_if_empty(directory):
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             log.warning("an old checkpoint directory could not be removed (%s); the new checkpoint is saved", e)
-
-
-def restore_tables(sess, sources, what, values_only=False, check_dense=False):
-    """Restores the tables of `sources`, [(checkpoint path, [tables])] (table_restore.py). Every
-    rank plans its part, then verifies its row files, and all agree after each: a damaged or
-    missing file on any rank leaves every table as it was, on every rank. Then every rank streams
-    its rows in; should that still fail (an I/O error), every rank's tables are reset."""
-    tables = [t for _, group in sources for t in group]
-    plans = _attempt(lambda: [p for path, group in sources
-                              for p in table_restore.plan(path, group, values_only, check_dense)])
-    _agree(what, plans, "nothing was loaded on any rank")
-    checked = _attempt(lambda: table_restore.verify(sess, plans.value))
-    try:
-        _agree(what, checked, "nothing was loaded on any rank")
-    except CheckpointError:
-        table_restore.withdraw(plans.value)
-        raise
-    loaded = _attempt(lambda: table_restore.load(sess, plans.value))
-    try:
-        _agree(what, loaded, "every rank's tables are back at their initial state")
-    except CheckpointError:
-        table_restore.reset(sess, tables)
-        raise
-
-
-def _restorable(path, cfg):
-    if not checkpoint_management.checkpoint_exists_internal(path):
-        return False
-    root = sparse_dir(path)
-    if not os.path.isdir(root):
-        return True  # a checkpoint of a graph without tables
-    try:
-        needed_shards(root, cfg.rank, cfg.size)
-    except CheckpointError as e:
-        log.warning("checkpoint %s is not complete, skipped: %s", path, e)
-        return False
-    return True
-
-
-def get_checkpoint_state(checkpoint_dir, latest_filename=None):
-    """TensorFlow's, except that model_checkpoint_path names the newest checkpoint whose table
-    shards were all committed: rank 0 records a checkpoint before the other ranks may have
-    finished theirs (or after one of them died saving). latest_checkpoint and the Estimator's and
-    MonitoredSession's restore go through here."""
-    if latest_filename is None and config.is_initialized():
-        own = rank_state_filename(config.get_config().rank)
-        if os.path.exists(os.path.join(checkpoint_dir, own)):
-            latest_filename = own
-    state = _tf_get_checkpoint_state(checkpoint_dir, latest_filename)
-    if state is None or not config.is_initialized():
-        return state
-    cfg = config.get_config()
-    paths = list(state.all_model_checkpoint_paths)
-    if state.model_checkpoint_path and state.model_checkpoint_path not in paths:
-        paths.append(state.model_checkpoint_path)
-    for path in reversed(paths):
-        if _restorable(path, cfg):
-            if path != state.model_checkpoint_path:
-                log.warning("latest checkpoint: %s instead of %s, whose shards are not all committed",
-                            path, state.model_checkpoint_path)
-                state = type(state).FromString(state.SerializeToString())
-                state.model_checkpoint_path = path
-            return state
-    return None
-
-
-_tf_get_checkpoint_state = checkpoint_management.get_checkpoint_state
-
-
-def set_tf_get_checkpoint_state(function):
-    """TensorFlow's own get_checkpoint_state, kept when init() installs this module's in its place."""
-    global _tf_get_checkpoint_state
-    if function is not get_checkpoint_state:
-        _tf_get_checkpoint_state = function

@@ -47,22 +47,22 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be restored: missing, incomplete, corrupt or of another layout."""
 
 
-def sparse_dir(save_path):
+def sparse_dir(save_path: str) -> str:
     """The sparse directory that belongs to a dense checkpoint path `<dir>/<name>-<step>`."""
     head, tail = os.path.split(os.path.abspath(save_path))
     return os.path.join(head, f"sparse-{tail}")
 
 
-def shard_name(rank, size):
+def shard_name(rank: int, size: int) -> str:
     return f"rank-{rank}-of-{size}"
 
 
-def array_entry(file, nbytes, crc, dtype, shape):
+def array_entry(file: str, nbytes: int, crc: int, dtype: str, shape: tuple) -> dict:
     """A manifest's entry for one array file of a table's folder."""
     return {"file": file, "bytes": int(nbytes), "crc32": int(crc), "dtype": dtype, "shape": [int(d) for d in shape]}
 
 
-def write_array(directory, name, array):
+def write_array(directory: str, name: str, array: np.ndarray) -> dict:
     """Writes `array` as <directory>/<name>.npy, flushed; returns its manifest entry."""
     array = np.ascontiguousarray(array)
     header = io.BytesIO()
@@ -88,6 +88,14 @@ def _fsync_dir(path):
 
 
 PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
+ADMISSION_ARRAYS = ("counts", "last_seen", *PENDING)
+
+
+def admission_arrays(state) -> dict:
+    """A table's admission arrays by file name, from the native core's IndexState of a save: the
+    one place that pairs the files with the state's fields."""
+    return {"counts": state.counts, "last_seen": state.last_seen, "pending_keys": state.pending.keys,
+            "pending_counts": state.pending.counts, "pending_last_seen": state.pending.last_seen}
 
 
 @dataclass
@@ -105,7 +113,7 @@ class TableFiles:
     admission: dict = None
 
 
-def write_shard(save_path, rank, size, step, tables, shared):
+def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: dict, shared: bool) -> str:
     """tables: {table name: writer}, a writer being a function that writes the table's arrays into
     the folder it is given and returns their TableFiles (the Saver's write rows straight from the
     row store, so that no table passes through memory whole).
@@ -151,7 +159,7 @@ def write_shard(save_path, rank, size, step, tables, shared):
     return final
 
 
-def read_manifest(shard_dir):
+def read_manifest(shard_dir: str) -> dict:
     path = os.path.join(shard_dir, MANIFEST)
     try:
         with open(path) as f:
@@ -169,7 +177,7 @@ def read_manifest(shard_dir):
     return manifest
 
 
-def find_shards(root):
+def find_shards(root: str) -> dict:
     """{rank: shard directory} of the committed shards under a sparse directory, and the world
     size they were written by."""
     if not os.path.isdir(root):
@@ -187,7 +195,7 @@ def find_shards(root):
     return shards, sizes.pop()
 
 
-def needed_shards(root, rank, size):
+def needed_shards(root: str, rank: int, size: int) -> tuple:
     """(the shards this rank reads to restore from `root` into a world of `size`, {rank: dir},
     the world size that wrote it). Raises CheckpointError when one is missing."""
     shards, saved_size = find_shards(root)
@@ -227,7 +235,7 @@ def _checked_size(path, entry, what):
     return size
 
 
-def verify_shard(shard_dir, checksums=True):
+def verify_shard(shard_dir: str, checksums: bool = True) -> tuple:
     """(the manifest or None, the list of problems) of one committed shard, reading each file in
     chunks: sizes, CRC-32s (unless checksums=False), and row counts that agree with `rows`."""
     try:
@@ -275,7 +283,7 @@ def _parse_header(path, stream, entry):
     return shape, dtype
 
 
-def stream_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
+def stream_array(shard_dir: str, entry: dict, what: str, chunk_bytes: int = _CHUNK):
     """Yields (first row, rows) of one array of a shard, a chunk at a time, checked against its
     manifest entry on the way: size and header before the first chunk, the CRC-32 after the last
     (a CheckpointError then; what was yielded came from a damaged file). Each chunk lives in one
@@ -316,7 +324,7 @@ def stream_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
         raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
 
 
-def map_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
+def map_array(shard_dir: str, entry: dict, what: str, chunk_bytes: int = _CHUNK):
     """stream_array's chunks for a file verified before (stream_array), without its checksum: read
     through a read-only mapping of the page cache instead of copied into a buffer, each chunk's
     pages dropped from the mapping once used, so that a mapped file never counts whole in the
@@ -342,7 +350,7 @@ def map_array(shard_dir, entry, what, chunk_bytes=_CHUNK):
             dropped = end
 
 
-def read_array(shard_dir, entry, what):
+def read_array(shard_dir: str, entry: dict, what: str) -> np.ndarray:
     """Reads one array of a shard and checks it against its manifest entry."""
     path = _file_of(shard_dir, entry, what)
     size = _checked_size(path, entry, what)

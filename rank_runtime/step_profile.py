@@ -14,7 +14,7 @@ import tensorflow as tf
 ROW_EXCHANGE_OP = "ShardrecRowAlltoall"
 
 
-def traced_run_options():
+def traced_run_options() -> tf.compat.v1.RunOptions:
     return tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
 
 
@@ -30,7 +30,7 @@ def _union_length(intervals):
     return total
 
 
-def row_exchange_share(run_metadata, graph, op_type=ROW_EXCHANGE_OP):
+def row_exchange_share(run_metadata, graph: tf.Graph, op_type: str = ROW_EXCHANGE_OP) -> float:
     """Fraction in [0, 1] of the traced step's span spent with an `op_type` op in flight."""
     names = {op.name for op in graph.get_operations() if op.type == op_type}
     spans, exchange = [], []

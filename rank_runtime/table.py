@@ -10,13 +10,15 @@ it stays zero and is what a key with no row (unknown at evaluation, padding in s
 import math
 import re
 import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from . import config, native_ops
 from .logs import get_logger, warn_once
 from .row_store import make_store
-from .tiers import SsdTier, ssd_paths, swap_policy
+from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
 from .validation import check_choice, check_int, check_number, check_type
 from .world import get_world
 
@@ -65,10 +67,11 @@ class EmbeddingTable:
             # At exit too: a clean shutdown leaves nothing under ssd_data_path (checkpoints hold every row).
             weakref.finalize(self, ssd.close)
         self.lookup_count = 0
-        # Slot tensors of this table's lookups, whose values are distinct (see optimizers/base.py).
-        self.distinct_slot_tensors = set()
+        # Row tensors whose values are distinct rows of this table (see optimizers/base.py), as refs.
+        self._distinct_rows = set()
         # With dynamic expansion: a lookup's address tensor (ref) -> its local rows (by_address.py).
-        self.address_lookups = {}
+        self._address_lookups = {}
+        self._init_ops = None
         self.graph = tf.compat.v1.get_default_graph()
         self.variable = self._make_variable(emb_initializer, rows)
         # "<optimizer name>.<slot name>" -> slot variable, rows aligned with self.variable.
@@ -78,7 +81,48 @@ class EmbeddingTable:
         # Names of the sparse optimizers that update this table in this graph (none: inference).
         self.optimizers = set()
 
-    def register_slot(self, name, variable):
+    def add_lookup(self, owner: str) -> None:
+        """One more lookup of this table (at most MAX_LOOKUPS_PER_TABLE)."""
+        if self.lookup_count >= MAX_LOOKUPS_PER_TABLE:
+            raise ValueError(f"{owner}: table {self.table_name!r} is already looked up {MAX_LOOKUPS_PER_TABLE} "
+                             f"times; allowed: at most {MAX_LOOKUPS_PER_TABLE} lookups per table")
+        self.lookup_count += 1
+
+    def mark_distinct_rows(self, rows: tf.Tensor) -> None:
+        """`rows` (a lookup's rows of this table, int32 or int64) holds each row once: a gradient over
+        them goes to the fused update with no dedup. The key pipeline dedups a batch's rows on the
+        owner, and the lookup's gather hands this very tensor to the gradient as its indices."""
+        self._distinct_rows.add(rows.ref())
+
+    def has_distinct_rows(self, indices: tf.Tensor) -> bool:
+        return indices.ref() in self._distinct_rows
+
+    def record_address_lookup(self, addresses: tf.Tensor, local_rows: tf.Tensor) -> None:
+        """A lookup's addresses (int64 rows of the store) and the local rows read there (by_address.py)."""
+        self._address_lookups[addresses.ref()] = local_rows
+        self.mark_distinct_rows(addresses)
+
+    def local_rows_at(self, addresses: tf.Tensor):
+        """The local rows of the lookup whose addresses are `addresses`, or None."""
+        return self._address_lookups.get(addresses.ref())
+
+    def set_thresholds(self, thresholds) -> None:
+        """Admission and eviction (admission/thresholds.py), set once when the key pipeline starts."""
+        self.thresholds = thresholds
+        self.index.set_admission(thresholds.access, thresholds.eviction)
+
+    def add_optimizer(self, name: str) -> None:
+        """A sparse optimizer named `name` updates this table in this graph."""
+        self.optimizers.add(name)
+
+    def init_ops(self) -> "TableInitOps":
+        """This table's TableInitOps, made (while the graph can still change) for its current slots."""
+        key = tuple(sorted(self.slots))
+        if self._init_ops is None or self._init_ops.slots != key:
+            self._init_ops = TableInitOps(self)
+        return self._init_ops
+
+    def register_slot(self, name: str, variable: tf.Variable) -> None:
         if not _NAME_RE.fullmatch(name) or ".." in name:
             raise ValueError(f"table {self.table_name!r}: optimizer slot {name!r} cannot name a checkpoint file; "
                              "optimizer names may use letters, digits, '_' and '.'")
@@ -89,7 +133,7 @@ class EmbeddingTable:
             self.slots[name] = variable
             tf.compat.v1.add_to_collection(SPARSE_SLOTS_COLLECTION, variable)
 
-    def make_slot(self, name, variable_name, initial_value):
+    def make_slot(self, name: str, variable_name: str, initial_value: float) -> tf.Variable:
         """A slot variable of the optimizer slot `name` ("<optimizer>.<slot>"): a column of the row
         store whose rows start at the scalar `initial_value`."""
         if name in self.slots:
@@ -127,60 +171,46 @@ class EmbeddingTable:
         return variable
 
     @property
-    def sentinel(self):
+    def sentinel(self) -> int:
         return self.index.sentinel
 
-    def size(self):
+    def size(self) -> int:
         """Keys held by this rank's shard."""
         return self.index.size()
 
-    def capacity(self):
+    def capacity(self) -> int:
         """Rows this rank's shard can hold in memory now: its fixed size, or with dynamic expansion
         the rows in use (they grow a chunk at a time as keys arrive, up to max_rows())."""
         return self.store.in_use if self.expands else self.index.capacity
 
-    def max_rows(self):
+    def max_rows(self) -> int:
         """Keys this rank's shard may ever hold: with dynamic expansion what its memory limit allows,
         with an SSD tier its memory rows and its SSD rows."""
         return self.index.max_keys
 
-    def global_size(self, timeout=60.0):
+    def global_size(self, timeout: float = 60.0) -> int:
         """Keys held by all ranks together. Every rank must call it at the same point; a lone
         caller gets a TimeoutError instead of hanging the job."""
         return get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
 
-    def counters(self):
-        """This rank's counters: keys held and capacity, keys sent to owners and received as owner
-        (own rank included), with the bytes of keys and rows they mean, inserted / missed / erased, and
-        the bytes of the key index and of the rows in use (values, optimizer slots, metadata). With
-        admission: admitted (keys given a row by their count), rejected (training occurrences of keys
-        without a row yet), pending (keys counting towards admission); with eviction: evicted,
-        evicted_pending (counting keys forgotten), reused (freed rows taken again), held_back (evicted
-        rows that batches in flight may still use)."""
-        store_bytes = self.store.bytes()
-        c = dict(self.index.counters(), size=self.size(), capacity=self.capacity(), pending=self.index.pending(),
-                 held_back=self.index.held_back(),
-                 index_bytes=self.index.memory_bytes(), value_bytes=store_bytes["values"],
-                 slot_bytes=store_bytes["slots"], metadata_bytes=store_bytes["metadata"])
-        if self.ssd is not None:
-            c.update(self.ssd.counters(self.index))
-        c["key_bytes_sent"] = 8 * c["keys_sent"]
-        c["key_bytes_received"] = 8 * c["keys_received"]
-        c["row_bytes_sent"] = 4 * self.dim * c["keys_received"]
-        c["row_bytes_received"] = 4 * self.dim * c["keys_sent"]
-        return c
+    def counters(self) -> "TableCounters":
+        """This rank's counters (TableCounters)."""
+        return TableCounters(index=self.index.counters(), size=self.size(), capacity=self.capacity(),
+                             pending=self.index.pending(), held_back=self.index.held_back(),
+                             index_bytes=self.index.memory_bytes(), store=self.store.bytes(), dim=self.dim,
+                             tier=self.ssd.counters(self.index) if self.ssd is not None else None)
 
-    def admission_counters(self):
+    def admission_counters(self) -> "AdmissionCounters":
         """The counters of admission and eviction alone (the logs and the supervisor's summary)."""
         c = self.index.counters()
-        return {k: c[k] for k in ("admitted", "rejected", "evicted", "reused")} | {
-            "pending": self.index.pending(), "capacity": self.capacity()}
+        return AdmissionCounters(admitted=c.admitted, rejected=c.rejected, evicted=c.evicted, reused=c.reused,
+                                 pending=self.index.pending(), capacity=self.capacity())
 
-    def export(self, sess):
+    def export(self, sess) -> dict:
         """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}
         as numpy arrays, rows aligned with keys, in row order. Every rank calls it for its own shard
         (no collective); shardrec-ckpt export gathers all ranks' rows from a checkpoint."""
-        from .saver import read_table_rows
+        from .table_save import read_table_rows
 
         return read_table_rows(sess, self)
 
@@ -206,7 +236,7 @@ def _dim(value):
     return check_int("create_table", "dim", value, 1, 8192)
 
 
-def check_table_name(owner, name):
+def check_table_name(owner: str, name: str) -> str:
     check_type(owner, "name", name, str, "a string")
     if not _NAME_RE.fullmatch(name) or ".." in name or set(name) == {"."}:
         raise ValueError(f"{owner}: parameter 'name' = {name!r} is not allowed; allowed: 1 to 100 characters "
@@ -220,9 +250,10 @@ def _say_tables_stay_on_the_host():
                   "memory (the dense part of the model may use the GPU)", "shardrec.table")
 
 
-def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1, host_vocabulary_size=0,
-                 ssd_vocabulary_size=0, ssd_data_path=None, is_save=True, init_param=1.0,
-                 all2all_gradients_op="sum_gradients", value_dtype=tf.float32, shard_num=1, **kwargs):
+def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabulary_size: int = 1,
+                 host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
+                 init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
+                 shard_num: int = 1, **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed."""
     owner = "create_table"
@@ -276,7 +307,7 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     return table
 
 
-def table_of_variable(variable):
+def table_of_variable(variable) -> "EmbeddingTable | None":
     """The table whose device tier is `variable`, or None."""
     if not config.is_initialized():
         return None
@@ -286,8 +317,79 @@ def table_of_variable(variable):
     return None
 
 
-def distinct_slot_refs():
-    """The slot tensors (as refs) of every lookup built so far."""
+def rows_are_distinct(indices: tf.Tensor) -> bool:
+    """Whether `indices` are the distinct rows of one lookup of some table (mark_distinct_rows)."""
     if not config.is_initialized():
-        return set()
-    return set().union(*(table.distinct_slot_tensors for table in config.get_config().tables.values()))
+        return False
+    return any(table.has_distinct_rows(indices) for table in config.get_config().tables.values())
+
+
+class TableInitOps:
+    """Graph ops that tell whether a table and its slots are initialised, and initialise them. A
+    session restored from a checkpoint runs no init_op: tables and slots, which the dense checkpoint
+    does not hold, are initialised by the restore when they are not yet."""
+
+    def __init__(self, table):
+        self.slots = tuple(sorted(table.slots))
+        variables = [table.variable, *table.slots.values()]
+        with tf.name_scope(f"shardrec_checkpoint/{table.table_name}"):
+            self.initialized = [tf.raw_ops.VarIsInitializedOp(resource=v.handle) for v in variables]
+            self.initializers = [v.initializer for v in variables]
+
+
+@dataclass(frozen=True)
+class AdmissionCounters:
+    admitted: int  # keys given a row because their count reached the threshold
+    rejected: int  # training occurrences of keys without a row yet
+    evicted: int   # keys whose row eviction freed
+    reused: int    # freed rows taken again
+    pending: int   # keys counting towards admission
+    capacity: int  # rows this rank's shard can hold in memory now
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TableCounters:
+    """table.counters(): this rank's shard. `index` holds the native core's key counters (keys_sent and
+    keys_received, own rank included; inserted, missed, erased; with admission admitted, rejected;
+    with eviction evicted, evicted_pending, reused); `pending` keys count towards admission,
+    `held_back` evicted rows may still be used by batches in flight; `tier` is the SSD tier's
+    (TierCounters) or None. as_dict() is the flat view (logs, JSON)."""
+    index: Any  # shardrec.native.core.IndexCounters
+    size: int
+    capacity: int
+    pending: int
+    held_back: int
+    index_bytes: int
+    store: Any  # shardrec.native.core.StoreBytes: values, slots, metadata
+    dim: int
+    tier: Optional[TierCounters] = None
+
+    @property
+    def key_bytes_sent(self) -> int:
+        return 8 * self.index.keys_sent
+
+    @property
+    def key_bytes_received(self) -> int:
+        return 8 * self.index.keys_received
+
+    @property
+    def row_bytes_sent(self) -> int:
+        """Bytes of rows this rank sent back as owner: a row for every key it received."""
+        return 4 * self.dim * self.index.keys_received
+
+    @property
+    def row_bytes_received(self) -> int:
+        return 4 * self.dim * self.index.keys_sent
+
+    def as_dict(self) -> dict:
+        out = dict(self.index.as_dict(), size=self.size, capacity=self.capacity, pending=self.pending,
+                   held_back=self.held_back, index_bytes=self.index_bytes, value_bytes=self.store.values,
+                   slot_bytes=self.store.slots, metadata_bytes=self.store.metadata)
+        if self.tier is not None:
+            out.update(self.tier.as_dict())
+        out.update(key_bytes_sent=self.key_bytes_sent, key_bytes_received=self.key_bytes_received,
+                   row_bytes_sent=self.row_bytes_sent, row_bytes_received=self.row_bytes_received)
+        return out

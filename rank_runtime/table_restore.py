@@ -1,6 +1,6 @@
 """Restoring tables from a checkpoint's shards (sparse_checkpoint.py), for the Saver and warm start.
 
-Steps, with the callers' agreement rounds between them (saver.restore_tables):
+Steps, with agreement rounds between them (restore_tables(), which the Saver and warm start call):
 
 1. plan(): the manifests and layouts checked against the graph's tables, the keys and admission
    arrays read and verified, capacities checked. No row file is read yet.
@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from . import config
 from .logs import get_logger
+from .rank_agreement import agree, attempt
 from .row_store import MEMORY_LIMIT_ENV
-from .sparse_checkpoint import (PENDING, CheckpointError, map_array, needed_shards, read_array, read_manifest, sparse_dir,
+from .sparse_checkpoint import (ADMISSION_ARRAYS, PENDING, CheckpointError, map_array, needed_shards, read_array, read_manifest, sparse_dir,
                                 stream_array)
 
 log = get_logger("shardrec.restore")
@@ -59,28 +59,7 @@ class TablePlan:
     locations: np.ndarray = None  # each key's row (or SSD record), given by load()
 
 
-class TableInitOps:
-    """Graph ops that tell whether a table and its slots are initialised, and initialise them. A
-    session restored from a checkpoint runs no init_op: tables and slots, which the dense checkpoint
-    does not hold, are initialised by the restore when they are not yet."""
-
-    def __init__(self, table):
-        variables = [table.variable, *table.slots.values()]
-        with tf.name_scope(f"shardrec_checkpoint/{table.table_name}"):
-            self.initialized = [tf.raw_ops.VarIsInitializedOp(resource=v.handle) for v in variables]
-            self.initializers = [v.initializer for v in variables]
-
-
-def checkpoint_ops(table):
-    """The table's TableInitOps, made (while the graph can still change) for its current slots."""
-    key = tuple(sorted(table.slots))
-    if getattr(table, "_checkpoint_ops_key", None) != key:
-        table._checkpoint_ops = TableInitOps(table)
-        table._checkpoint_ops_key = key
-    return table._checkpoint_ops
-
-
-def plan(save_path, tables, values_only=False, check_dense=False):
+def plan(save_path: str, tables: list, values_only: bool = False, check_dense: bool = False) -> list:
     """[TablePlan] for `tables` from the checkpoint at `save_path`, the keys this rank owns read and
     verified. values_only (warm start): the rows of values alone; optimizer slots start afresh.
     check_dense: also check that the dense part of the checkpoint is there."""
@@ -123,7 +102,7 @@ def _plan_table(save_path, table, shards, manifests, saved_size, values_only):
                               f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "
                               "device_vocabulary_size" + (f" or {MEMORY_LIMIT_ENV}" if table.expands else ""))
     columns = ["values"] + ([] if values_only else sorted(table.slots))
-    used = table.index.size() > 0 or table.index.counters()["inserted"] > 0
+    used = table.index.size() > 0 or table.index.counters().inserted > 0
     return TablePlan(table, parts, keys, columns, admission, used)
 
 
@@ -161,7 +140,7 @@ def _each_file(plans, work, meanwhile=lambda: None):
             done.result()
 
 
-def verify(sess, plans):
+def verify(sess, plans: list) -> None:
     """Reads every row file of `plans` through, checking it, and meanwhile gives the keys of each
     table that held none their rows (the key index alone is filled, no row is written: withdraw()
     empties it again should the checkpoint be refused)."""
@@ -177,7 +156,7 @@ def verify(sess, plans):
         raise
 
 
-def withdraw(plans):
+def withdraw(plans: list) -> None:
     """Undoes what verify() did to fresh tables: their key index empty again."""
     for p in plans:
         if p.locations is not None and not p.used:
@@ -185,7 +164,7 @@ def withdraw(plans):
             p.locations = None
 
 
-def load(sess, plans):
+def load(sess, plans: list) -> None:
     """Streams the rows of every table in (see the module doc); the caller resets on failure."""
     for p in plans:
         if p.locations is None:
@@ -220,7 +199,7 @@ def _prepare(sess, p):
     random initializer would draw other values, and a resumed run would then differ from an
     uninterrupted one."""
     table = p.table
-    ops = checkpoint_ops(table)
+    ops = table.init_ops()
     done = sess.run(ops.initialized)
     sess.run([init for init, ok in zip(ops.initializers, done) if p.used or not ok])
     table.index.clear()
@@ -228,12 +207,12 @@ def _prepare(sess, p):
     p.locations = table.index.place(keys) if table.ssd is not None else table.index.lookup(keys, allocate=True)
 
 
-def reset(sess, tables):
+def reset(sess, tables: list) -> None:
     """After a failed load: every table empty, its rows and slots at their initializers' values
     (a random initializer draws anew)."""
     for table in tables:
         table.index.clear()
-        sess.run(checkpoint_ops(table).initializers)
+        sess.run(table.init_ops().initializers)
 
 
 def _check_layout(manifest_path, table, entry, values_only):
@@ -261,7 +240,7 @@ def _admission_files(manifest_path, table, entry):
     rank learns of, not a KeyError on one rank while the others wait for it."""
     if table.thresholds is None or not table.thresholds.counts or "admission" not in entry:
         return []
-    names = ["counts", "last_seen", *PENDING]
+    names = list(ADMISSION_ARRAYS)
     admission, files = entry["admission"], entry.get("files")
     if not isinstance(admission, dict) or not isinstance(admission.get("newest", -1), int) or \
             not isinstance(files, dict) or any(n not in files for n in names):
@@ -299,3 +278,25 @@ def _admission_of(table, needed, manifests, loaded, cfg, saved_size, n_keys):
 
 def _joined(parts):
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def restore_tables(sess, sources, what: str, values_only: bool = False, check_dense: bool = False) -> None:
+    """Restores the tables of `sources`, [(checkpoint path, [tables])]. Every
+    rank plans its part, then verifies its row files, and all agree after each: a damaged or
+    missing file on any rank leaves every table as it was, on every rank. Then every rank streams
+    its rows in; should that still fail (an I/O error), every rank's tables are reset."""
+    tables = [t for _, group in sources for t in group]
+    plans = attempt(lambda: [p for path, group in sources for p in plan(path, group, values_only, check_dense)])
+    agree(what, plans, "nothing was loaded on any rank")
+    checked = attempt(lambda: verify(sess, plans.value))
+    try:
+        agree(what, checked, "nothing was loaded on any rank")
+    except CheckpointError:
+        withdraw(plans.value)
+        raise
+    loaded = attempt(lambda: load(sess, plans.value))
+    try:
+        agree(what, loaded, "every rank's tables are back at their initial state")
+    except CheckpointError:
+        reset(sess, tables)
+        raise

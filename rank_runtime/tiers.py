@@ -10,6 +10,8 @@ device tier would be GPU memory above the host tier; shardrec's tables stay in h
 import os
 import re
 import shutil
+from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -24,7 +26,7 @@ DEFAULT_POLICY = "lfu"
 _OWN_DIR = re.compile(r"shardrec-ssd-(?P<table>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)-\d+")
 
 
-def swap_policy():
+def swap_policy() -> str:
     """Which rows move to SSD first: 'lfu' (least frequently used; the default, measured better on
     Zipf keys) or 'lru', from SHARDREC_SWAP_POLICY."""
     policy = os.environ.get(SWAP_POLICY_ENV, DEFAULT_POLICY).strip().lower() or DEFAULT_POLICY
@@ -34,7 +36,7 @@ def swap_policy():
     return policy
 
 
-def ssd_paths(owner, name, ssd_data_path, ssd_vocabulary_size):
+def ssd_paths(owner: str, name: str, ssd_data_path, ssd_vocabulary_size: int) -> tuple:
     """The checked directories of the SSD tier (the Rec SDK's default: the working directory)."""
     if ssd_data_path is None:
         paths = (os.getcwd(),)
@@ -94,17 +96,31 @@ class SsdTier:
         if self._index is not None:
             self._index.close_ssd()
 
-    def counters(self, index):
-        c = index.tier_counters()
-        on_ssd = index.rows_on_ssd()
-        return {"rows_in_memory": index.size() - on_ssd, "rows_on_ssd": on_ssd, "memory_hits": c["memory_hits"],
-                "ssd_hits": c["ssd_hits"], "misses": c["misses"], "swapped_in": c["swapped_in"],
-                "swapped_out": c["swapped_out"], "bytes_swapped_in": c["bytes_in"],
-                "bytes_swapped_out": c["bytes_out"], "swapped_in_last_step": c["step_in"],
-                "swapped_out_last_step": c["step_out"], "ssd_file_bytes": index.ssd_file_bytes()}
+    def counters(self, index) -> "TierCounters":
+        return TierCounters(moves=index.tier_counters(), rows_on_ssd=index.rows_on_ssd(), rows=index.size(),
+                            ssd_file_bytes=index.ssd_file_bytes())
 
 
-def check_datasets(tables, insert_functions):
+@dataclass(frozen=True)
+class TierCounters:
+    """Where a shard's rows are and what moved: the native core's counters (memory_hits, ssd_hits,
+    misses, swapped_in / _out, bytes_swapped_in / _out, swapped_in / _out_last_step) with the rows
+    on each tier and the bytes of the SSD files."""
+    moves: Any  # shardrec.native.core.TierCounters
+    rows_on_ssd: int
+    rows: int
+    ssd_file_bytes: int
+
+    @property
+    def rows_in_memory(self) -> int:
+        return self.rows - self.rows_on_ssd
+
+    def as_dict(self) -> dict:
+        return {"rows_in_memory": self.rows_in_memory, "rows_on_ssd": self.rows_on_ssd, **self.moves.as_dict(),
+                "ssd_file_bytes": self.ssd_file_bytes}
+
+
+def check_datasets(tables: dict, insert_functions: list) -> None:
     """At start_asc_pipeline: a table with an SSD tier takes one training and one evaluation
     dataset at most (the rows of their batches in flight are pinned by ticket, one sequence per
     channel)."""
@@ -116,6 +132,6 @@ def check_datasets(tables, insert_functions):
                 continue
             seen = users.setdefault((table.table_name, insert.channel), insert)
             if seen is not insert:
-                raise ValueError(f"table {table.table_name!r} has an SSD tier and is looked up by two {insert.channel} "
+                raise ValueError(f"table {table.table_name!r} has an SSD tier and is looked up by two {insert.channel.label} "
                                  "datasets (two get_asc_insert_func maps); a table with an SSD tier takes one training "
                                  "and one evaluation dataset")

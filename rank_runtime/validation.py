@@ -8,7 +8,7 @@ def _where(owner, name):
     return f"{owner}: parameter '{name}'" if owner else f"parameter '{name}'"
 
 
-def check_type(owner, name, value, types, allowed_text):
+def check_type(owner: str, name: str, value, types, allowed_text: str):
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise TypeError(f"{_where(owner, name)} must be {allowed_text}, got bool {value!r}")
     if not isinstance(value, types):
@@ -16,7 +16,7 @@ def check_type(owner, name, value, types, allowed_text):
     return value
 
 
-def check_int(owner, name, value, lo, hi):
+def check_int(owner: str, name: str, value, lo: int, hi: int) -> int:
     """An int (not bool) in [lo, hi]."""
     check_type(owner, name, value, numbers.Integral, f"an int in [{lo}, {hi}]")
     if not lo <= value <= hi:
@@ -24,7 +24,8 @@ def check_int(owner, name, value, lo, hi):
     return int(value)
 
 
-def check_number(owner, name, value, lo, hi, lo_open=False, hi_open=False):
+def check_number(owner: str, name: str, value, lo: float, hi: float, lo_open: bool = False,
+                 hi_open: bool = False) -> float:
     """A real number within bounds; None for a bound means unbounded."""
     left = "(" if lo_open or lo is None else "["
     right = ")" if hi_open or hi is None else "]"
@@ -38,11 +39,11 @@ def check_number(owner, name, value, lo, hi, lo_open=False, hi_open=False):
     return v
 
 
-def check_bool(owner, name, value):
+def check_bool(owner: str, name: str, value) -> bool:
     return check_type(owner, name, value, bool, "a bool")
 
 
-def check_choice(owner, name, value, choices):
+def check_choice(owner: str, name: str, value, choices):
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{_where(owner, name)} = {value!r} is not allowed; allowed: {allowed}")

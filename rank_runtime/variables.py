@@ -4,7 +4,7 @@ import tensorflow as tf
 from .table import SPARSE_TABLES_COLLECTION
 
 
-def get_dense_and_sparse_variable():
+def get_dense_and_sparse_variable() -> tuple:
     """(dense trainable variables, sparse table variables) of the default graph."""
     sparse = tf.compat.v1.get_collection(SPARSE_TABLES_COLLECTION)
     sparse_ids = {id(v) for v in sparse}

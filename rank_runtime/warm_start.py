@@ -1,4 +1,4 @@
-"""Multi-path warm start (seed 004): tf.estimator.WarmStartSettings whose fields may be lists, one
+"""Multi-path warm start (the user guide's "Custom WarmStart"): tf.estimator.WarmStartSettings whose fields may be lists, one
 entry per checkpoint, applied in order; for each dense variable and each table the last entry
 that selects it decides where it comes from.
 
@@ -19,9 +19,9 @@ import re
 
 import tensorflow as tf
 
-from . import config, table_restore
+from . import config
 from .logs import get_logger
-from .saver import restore_tables
+from .table_restore import restore_tables
 from .table import SPARSE_SLOTS_COLLECTION, SPARSE_TABLES_COLLECTION
 from .validation import check_type
 
@@ -33,7 +33,7 @@ def _as_list(value, n):
     return list(value) if isinstance(value, (list, tuple)) else [value] * n
 
 
-def entries(settings):
+def entries(settings) -> list:
     """[(checkpoint path, selection, prev-name map)] from WarmStartSettings, lists or single."""
     if isinstance(settings, str):
         settings = tf.estimator.WarmStartSettings(ckpt_to_initialize_from=settings)
@@ -78,7 +78,7 @@ def _resolve(path):
     return path
 
 
-def plan(settings, graph=None):
+def plan(settings, graph: tf.Graph | None = None) -> list:
     """({dense variable: (path, name in checkpoint)}, {table: path}) for the tables and trainable
     variables of `graph`; the last entry selecting each wins."""
     graph = graph or tf.compat.v1.get_default_graph()
@@ -102,14 +102,14 @@ def plan(settings, graph=None):
     return dense_from, tables_from
 
 
-def prepare(settings, graph=None):
+def prepare(settings, graph: tf.Graph | None = None):
     """Builds, while the graph can still change, the ops warm start needs for its tables."""
     _, tables_from = plan(settings, graph)
     for table in tables_from:
-        table_restore.checkpoint_ops(table)
+        table.init_ops()
 
 
-def warm_start(sess, settings):
+def warm_start(sess, settings) -> None:
     """Session mode: applies `settings` in `sess` (after the variable initializers ran). Every
     rank calls it; each reads the dense values and the table keys it owns (any number of ranks
     may have written the checkpoints)."""

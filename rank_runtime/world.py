@@ -13,17 +13,18 @@ import time
 
 import numpy as np
 
-from . import exit_hooks, process_hooks
+from . import exit_hooks, host_defaults
+from .channel import Channel, check_matches_native
 from .logs import get_logger, set_rank
+from .state import STATE
 
 log = get_logger("shardrec.world")
-CHANNELS = ("train", "eval")
 # Every round of the key exchange waits at most this long for the other ranks (seconds).
 EXCHANGE_TIMEOUT_ENV = "SHARDREC_EXCHANGE_TIMEOUT_S"
 DEFAULT_EXCHANGE_TIMEOUT_S = 600.0
 
 
-def exchange_timeout_s():
+def exchange_timeout_s() -> float:
     text = os.environ.get(EXCHANGE_TIMEOUT_ENV)
     if text is None:
         return DEFAULT_EXCHANGE_TIMEOUT_S
@@ -52,7 +53,7 @@ class World:
         set_rank(self.rank, self.size)
         node.Free()
         exit_hooks.abort_on_uncaught_error()
-        process_hooks.share_cores(self.local_size, timeout)
+        host_defaults.share_cores(self.local_size, timeout)
         import horovod.tensorflow as hvd
 
         if not hvd.is_initialized():
@@ -60,11 +61,12 @@ class World:
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI {self.rank}/{self.size}: "
                                "initialise Horovod on MPI.COMM_WORLD (or let init() do it)")
+        check_matches_native(native_core.Channel)
         # Each exchange lives on a communicator of its own; creating them is collective, and
         # every rank runs init() at the same point of the same script.
-        self._comms = {name: comm.Dup() for name in CHANNELS}
-        self.exchanges = {name: native_core.KeyExchange(self._comms[name], name, name == "train", timeout)
-                          for name in CHANNELS}
+        self._comms = {channel: comm.Dup() for channel in Channel}
+        self.exchanges = {channel: native_core.KeyExchange(self._comms[channel], channel, timeout)
+                          for channel in Channel}
         # atexit runs the last registered first: this runs before exit_hooks' check.
         atexit.register(self._leave_channels)
         self._helper = comm.Dup()
@@ -74,15 +76,16 @@ class World:
         self._row_comms = {}
         self.exchange_timeout_s = timeout
 
-    def make_row_exchanges(self, names):
-        """Communicators for the row exchanges `names` (one per lookup direction), registered with the
-        op library under those names. Called by every rank when its key pipeline starts: the ranks
-        first check that they built the same lookups, then create the missing communicators in name
-        order, so that the pairing does not depend on the order the lookups were built in. Names
-        made before (a graph built again, as the Estimator does) keep their communicators."""
+    def make_row_exchanges(self, exchanges):
+        """Communicators for the lookups' row exchanges (channel.RowExchangeName: one for rows, one
+        for gradients each), registered with the op library under their names. Called by every rank
+        when its key pipeline starts: the ranks first check that they built the same lookups, then
+        create the missing communicators in name order, so that the pairing does not depend on the
+        order the lookups were built in. Names made before (a graph built again, as the Estimator
+        does) keep their communicators."""
         from . import native_ops
 
-        names = sorted(set(names))
+        names = sorted({name for e in exchanges for name in (e.rows, e.gradients)})
         what = "start_asc_pipeline: the row exchanges of the lookups"
         if self.size > 1:
             listed = self.gather_texts("\n".join(names), what)
@@ -151,13 +154,8 @@ class World:
                                    "call it together (at the same point of the script)")
             time.sleep(0.001)
 
-
-_world = None
-
-
-def get_world():
+def get_world() -> "World":
     """The world, created on first use (collective: every rank calls it at the same point)."""
-    global _world
-    if _world is None:
-        _world = World()
-    return _world
+    if STATE.world is None:
+        STATE.world = World()
+    return STATE.world

@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf.compat.v1.disable_eager_execution()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from shardrec.rank_runtime import config  # noqa: E402
+from shardrec.rank_runtime import lifecycle  # noqa: E402
 
 
 @pytest.fixture
@@ -17,13 +17,13 @@ def graph():
     g = tf.Graph()
     with g.as_default():
         yield g
-    config.terminate_config_initializer()
+    lifecycle.terminate_config_initializer()
 
 
 @pytest.fixture
 def runtime(graph):
     """init() with defaults (dynamic shapes) inside a fresh graph."""
-    config.init()
+    lifecycle.init()
     return graph
 
 

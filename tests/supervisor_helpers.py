@@ -33,7 +33,9 @@ def job_args(tmp, name, extra=()):
     """(shardrec-run arguments for the test job, its output directory, its run directory)."""
     ckpt, out, run = tmp / f"{name}-ckpt", tmp / f"{name}-out", tmp / f"{name}-run"
     out.mkdir()
-    args = ["-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *extra, "--", sys.executable, JOB, ckpt, out]
+    # A restart waits 1 s here (5 s by default): the tests restart many times.
+    delay = [] if "--restart-delay" in extra else ["--restart-delay", 1]
+    args = ["-np", 2, "--checkpoint-dir", ckpt, "--run-dir", run, *delay, *extra, "--", sys.executable, JOB, ckpt, out]
     return args, out, run
 
 

@@ -3,7 +3,6 @@ model of the stream (admission_oracle.py), on real 2-rank runs (tests/mpi_jobs/a
 with a restore between two evictions into 1, 2 and 3 ranks; the held-back rows of an eviction; and
 the errors of combinations that cannot work."""
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -13,7 +12,7 @@ import tensorflow as tf
 import admission_oracle as oracle
 from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import batched_iterator, run_all
-from shardrec.rank_runtime import (FeatureSpec, config, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+from shardrec.rank_runtime import (FeatureSpec, lifecycle, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                                    sparse_lookup, start_asc_pipeline)
 
 sys.path.insert(0, JOBS)
@@ -164,11 +163,14 @@ def test_a_checkpoint_takes_back_what_the_index_counted_beyond_its_step():
             index.release_evicted(step - 5)  # training five steps behind the pipeline
     for step in range(25, 30):
         got, want = index.export_as_of(step), seen[step]
-        assert got["exact"]
-        for name in ("keys", "slots", "counts", "last_seen", "pending_keys", "pending_counts", "pending_last_seen"):
-            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} as of step {step}")
-        assert got["newest"] == want["newest"]
-    assert index.counters()["evicted"] > 0 and index.counters()["admitted"] > 0
+        assert got.exact
+        for name in ("keys", "rows", "counts", "last_seen"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{name} as of step {step}")
+        for name in ("keys", "counts", "last_seen"):
+            np.testing.assert_array_equal(getattr(got.pending, name), getattr(want.pending, name),
+                                          err_msg=f"pending {name} as of step {step}")
+        assert got.newest == want.newest
+    assert index.counters().evicted > 0 and index.counters().admitted > 0
 
 
 def test_evicted_rows_are_held_back_until_training_passed_the_eviction():
@@ -188,7 +190,7 @@ def test_evicted_rows_are_held_back_until_training_passed_the_eviction():
     reused = index.lookup_counted(np.array([5, 6], np.int64), np.ones(2, np.int64), np.array([100, 100], np.int64))
     assert set(reused.tolist()) == set(slots[:2].tolist())
     c = index.counters()
-    assert (c["evicted"], c["reused"], c["admitted"]) == (2, 2, 6)
+    assert (c.evicted, c.reused, c.admitted) == (2, 2, 6)
 
 
 def test_counting_keys_wait_for_the_threshold_and_carry_their_newest_timestamp():
@@ -202,13 +204,18 @@ def test_counting_keys_wait_for_the_threshold_and_carry_their_newest_timestamp()
     second = index.lookup_counted(keys, np.array([1, 1], np.int64), np.array([4, 12], np.int64))
     assert second[0] != index.sentinel and second[1] == index.sentinel
     assert [a.tolist() for a in index.read_metadata(second[:1])] == [[3], [7]]
-    assert [a.tolist() for a in index.export_pending()] == [[11], [2], [12]]
-    assert index.counters()["rejected"] == 4
+    pending = index.export_pending()
+    assert [a.tolist() for a in (pending.keys, pending.counts, pending.last_seen)] == [[11], [2], [12]]
+    assert index.counters().rejected == 4
+
+
+def _pending_lists(pending):
+    return [a.tolist() for a in (pending.keys, pending.counts, pending.last_seen)]
 
 
 def _train_rows(access_threshold):
     """A single-rank training run; returns the table's rows by key."""
-    config.init()
+    lifecycle.init()
     rng = np.random.default_rng(3)
     ids = rng.integers(0, 200, size=(256, 3)).astype(np.int64)
     spec = FeatureSpec("ids", table_name="t", access_threshold=access_threshold)
@@ -226,7 +233,7 @@ def _train_rows(access_threshold):
         sess.run(tf.compat.v1.global_variables_initializer())
         run_all(sess, iterator, train)
         rows = table.export(sess)
-    config.terminate_config_initializer()
+    lifecycle.terminate_config_initializer()
     return dict(zip(rows["keys"].tolist(), rows["values"]))
 
 
@@ -246,7 +253,7 @@ def _train_with_timestamps(shape):
     from mx_rec.core.feature_process import EvictHook
     from shardrec.rank_runtime.optimizers.lazy_adam import create_hash_optimizer
 
-    config.init()
+    lifecycle.init()
     rng = np.random.default_rng(5)
     ids = rng.integers(0, 300, size=(512, 3)).astype(np.int64)
     stamps = (1000 + np.arange(512) // 2).astype(np.int64).reshape(shape)  # a second every 2 samples
@@ -273,8 +280,8 @@ def _train_with_timestamps(shape):
     counts, last_seen = table.index.read_metadata(slots)
     state = {"rows": dict(zip(rows["keys"].tolist(), rows["values"].tolist())),
              "metadata": dict(zip(keys.tolist(), zip(counts.tolist(), last_seen.tolist()))),
-             "pending": [a.tolist() for a in table.index.export_pending()], "evicted": table.index.counters()["evicted"]}
-    config.terminate_config_initializer()
+             "pending": _pending_lists(table.index.export_pending()), "evicted": table.index.counters().evicted}
+    lifecycle.terminate_config_initializer()
     return state
 
 
@@ -387,7 +394,7 @@ def test_evict_hook_parameters(runtime):
 
 
 def _small_graph(access, ids):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="t", access_threshold=access)
     iterator, batch = batched_iterator({"ids": ids}, 4, [spec])
     table = create_table(tf.int64, 4, "t", tf.compat.v1.ones_initializer(), device_vocabulary_size=64)
@@ -410,7 +417,7 @@ def _saved(tmp_path, access, ids):
             run_all(sess, iterator, emb)
             path = saver.save(sess, str(tmp_path / "m"), global_step=1)
             state = table.index.export_as_of(2**62) if access is not None else None
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
     return path, state
 
 
@@ -431,7 +438,7 @@ def test_restored_checkpoint_without_counts_admits_its_keys(tmp_path):
             # Restored keys read their rows at once, though their count is below the threshold.
             out = run_all(sess, iterator, emb)
             np.testing.assert_array_equal(np.concatenate(out), 1.0)
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
 
 
 def test_a_damaged_admission_entry_is_refused_with_the_manifest_named(tmp_path):
@@ -454,24 +461,26 @@ def test_a_damaged_admission_entry_is_refused_with_the_manifest_named(tmp_path):
         with tf.compat.v1.Session() as sess:
             with pytest.raises(fmt.CheckpointError, match=r"MANIFEST.json: table 't' has a damaged admission entry"):
                 saver.restore(sess, path)
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
 
 
 def test_warm_start_brings_counts_timestamps_and_counting_keys_along(tmp_path):
+    from shardrec.rank_runtime import sparse_checkpoint as fmt
     from shardrec.rank_runtime.warm_start import warm_start
 
     ids = np.array([[1, 1], [1, 2], [2, 3], [4, 1], [5, 5], [5, 6], [7, 8], [2, 9]], np.int64)
     path, saved = _saved(tmp_path, 3, ids)
-    assert len(saved["keys"]) and len(saved["pending_keys"])
+    assert len(saved.keys) and len(saved.pending.keys)
     with tf.Graph().as_default():
         _, table, _ = _small_graph(3, ids)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             warm_start(sess, tf.estimator.WarmStartSettings(ckpt_to_initialize_from=path, vars_to_warm_start=".*"))
             got = table.index.export_as_of(2**62)
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
+    want, got = {"keys": saved.keys, **fmt.admission_arrays(saved)}, {"keys": got.keys, **fmt.admission_arrays(got)}
     for name in ("keys", "counts", "last_seen", "pending_keys", "pending_counts", "pending_last_seen"):
-        np.testing.assert_array_equal(got[name], saved[name], err_msg=name)
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):

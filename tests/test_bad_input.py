@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator
-from shardrec.rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup
+from shardrec.rank_runtime import config, lifecycle, create_table, get_asc_insert_func, sparse_lookup
 
 INIT = tf.compat.v1.zeros_initializer()
 
@@ -103,15 +103,15 @@ INIT_CASES = [
 @pytest.mark.parametrize("param,kwargs,exc,message", INIT_CASES, ids=[c[0] for c in INIT_CASES])
 def test_init(graph, param, kwargs, exc, message):
     with pytest.raises(exc, match=message):
-        config.init(**kwargs)
+        lifecycle.init(**kwargs)
     assert not config.is_initialized()
 
 
 def test_init_twice(runtime):
     with pytest.raises(RuntimeError, match=r"already initialised.*terminate_config_initializer"):
-        config.init()
-    config.terminate_config_initializer()
-    config.init()
+        lifecycle.init()
+    lifecycle.terminate_config_initializer()
+    lifecycle.init()
 
 
 OPTIMIZERS = [
@@ -204,7 +204,7 @@ def test_sparse_lookup_at_most_128_times(lookup_setup):
 
 
 def test_static_shapes_need_send_count(graph):
-    config.init(use_dynamic=False)
+    lifecycle.init(use_dynamic=False)
     spec = FeatureSpec("ids", table_name="t")
     _, batch = batched_iterator({"ids": np.arange(8).reshape(4, 2)}, 2, [spec])
     table = create_table(**table_kwargs())

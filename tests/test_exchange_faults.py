@@ -103,7 +103,7 @@ def test_a_rank_that_fails_before_init_after_starting_mpi_itself_ends_the_job_in
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert took < 15, f"the job took {took:.0f} s to end"
     assert "MPI_ABORT was invoked on rank 1" in proc.stderr
-    assert re.search(rf"\[rank 1/2\] (uncaught error|exiting with status 4), ending the whole job", proc.stderr)
+    assert re.search(r"\[rank 1/2\] (uncaught error|exiting with status 4), ending the whole job", proc.stderr)
     assert status in proc.stderr
 
 

@@ -4,7 +4,6 @@ the by-address optimizers and their graph collections, checkpoints of grown tabl
 The oracle of the 2-rank runs is a table of fixed size with room for every key, trained on the
 same data (constant initializer: every mode must end with the same rows); of the single-rank
 checks, numpy and the row store's own contents."""
-import os
 import re
 import sys
 
@@ -14,7 +13,7 @@ import tensorflow as tf
 
 from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all
-from shardrec.rank_runtime import config, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime import lifecycle, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
 
 sys.path.insert(0, JOBS)
 import expansion_train  # noqa: E402
@@ -81,7 +80,7 @@ def test_memory_limit_stops_every_rank_naming_table_limit_and_way_out(tmp_path):
 
 
 def _train_one_rank(expands, make_optimizer, data, initializer, batch=64, by_address=False, init_param=1.0):
-    config.init(use_dynamic_expansion=expands)
+    lifecycle.init(use_dynamic_expansion=expands)
     spec = FeatureSpec("ids", table_name="emb")
     iterator, element = batched_iterator(data, batch, [spec])
     table = create_table(tf.int64, DIM, "emb", initializer, device_vocabulary_size=10 if expands else 50_000,
@@ -126,16 +125,16 @@ def test_new_rows_are_drawn_from_the_initializers_distribution_times_init_param(
 
 
 def test_an_initializer_without_a_native_draw_is_refused_with_expansion(runtime):
-    config.terminate_config_initializer()
-    config.init(use_dynamic_expansion=True)
+    lifecycle.terminate_config_initializer()
+    lifecycle.init(use_dynamic_expansion=True)
     with pytest.raises(ValueError, match=r"create_table\('t'\): with dynamic expansion.*truncated_normal.*Glorot"):
         create_table(tf.int64, 4, "t", tf.compat.v1.glorot_uniform_initializer())
 
 
 @pytest.mark.parametrize("text", ["abc", "0", "12Q", "-5"])
 def test_bad_memory_limit_setting_is_named(runtime, monkeypatch, text):
-    config.terminate_config_initializer()
-    config.init(use_dynamic_expansion=True)
+    lifecycle.terminate_config_initializer()
+    lifecycle.init(use_dynamic_expansion=True)
     monkeypatch.setenv("SHARDREC_TABLE_MEMORY_LIMIT", text)
     with pytest.raises(ValueError, match=r"SHARDREC_TABLE_MEMORY_LIMIT=.*not a memory size; allowed: a positive"):
         create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer())
@@ -191,7 +190,7 @@ def test_by_address_optimizers_refuse_a_run_without_expansion(runtime):
 def test_by_address_apply_refuses_what_is_not_an_address(graph):
     from mx_rec.optimizers.lazy_adam_by_addr import create_hash_optimizer_by_address
 
-    config.init(use_dynamic_expansion=True)
+    lifecycle.init(use_dynamic_expansion=True)
     opt = create_hash_optimizer_by_address()
     with pytest.raises(TypeError, match="is not an address tensor of a lookup"):
         opt.apply_gradients([(tf.zeros([2, 4]), tf.constant([0, 1], tf.int64))])
@@ -212,7 +211,7 @@ def _save_and_restore(tmp_path, expands_at_save, expands_at_restore):
             run_all(sess, iterator, train)
             saved = table.export(sess)
             path = saver.save(sess, str(tmp_path / "model"), global_step=10)
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
     with tf.Graph().as_default():
         table, *_ = _train_one_rank(expands_at_restore, lambda: create_hash_optimizer(0.05), data,
                                     tf.compat.v1.zeros_initializer())
@@ -220,7 +219,7 @@ def _save_and_restore(tmp_path, expands_at_save, expands_at_restore):
             tf.compat.v1.train.Saver().restore(sess, path)
             restored = table.export(sess)
             capacity = table.capacity()
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
     return saved, restored, capacity
 
 
@@ -259,4 +258,4 @@ def test_a_restore_over_the_memory_limit_is_refused_before_anything_is_loaded(tm
                                                 r"SHARDREC_TABLE_MEMORY_LIMIT"):
                 tf.compat.v1.train.Saver().restore(sess, path)
             assert table.size() == 0, "nothing was loaded"
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline_helpers import FeatureSpec, batched_iterator, first_seen_rank, run_all, slot_row_initializer
-from shardrec.rank_runtime import config, create_table, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime import lifecycle, create_table, sparse_lookup, start_asc_pipeline
 
 
 def _expected(ids, rank_of):
@@ -18,7 +18,7 @@ def _expected(ids, rank_of):
 
 @pytest.mark.parametrize("key_dtype", [tf.int64, tf.int32])
 def test_rows_follow_first_seen_order_across_tables_and_features(graph, key_dtype):
-    config.init()
+    lifecycle.init()
     rng = np.random.default_rng(0)
     np_dtype = key_dtype.as_numpy_dtype
     hi = 2**31 - 1 if key_dtype == tf.int32 else 2**62
@@ -50,7 +50,7 @@ def test_rows_follow_first_seen_order_across_tables_and_features(graph, key_dtyp
     np.testing.assert_array_equal(got_item, np.repeat(_expected(item, rank_shared)[..., None], 3, -1))
     np.testing.assert_array_equal(got_other, np.repeat(_expected(other, rank_second)[..., None], 2, -1))
     assert shared.size() == len(rank_shared) and second.size() == len(rank_second)
-    counters = shared.counters()
+    counters = shared.counters().as_dict()
     assert counters["size"] == len(rank_shared) and counters["keys_received"] == counters["keys_sent"] > 0
     assert counters["index_bytes"] >= 12 * len(rank_shared)
     assert shared.capacity() == 200
@@ -59,7 +59,7 @@ def test_rows_follow_first_seen_order_across_tables_and_features(graph, key_dtyp
 
 
 def test_eval_reads_known_rows_zeros_for_unknown_and_never_grows(graph):
-    config.init()
+    lifecycle.init()
     train_ids = np.array([[1, 2], [3, -4]], np.int64)
     eval_ids = np.array([[3, 77], [-4, 1], [88, 88], [2, 99]], np.int64)
     train_spec, eval_spec = FeatureSpec("ids", table_name="t"), FeatureSpec("ids", table_name="t")
@@ -80,11 +80,11 @@ def test_eval_reads_known_rows_zeros_for_unknown_and_never_grows(graph):
     np.testing.assert_array_equal(got[..., 0], expected)
     np.testing.assert_array_equal(got_default[..., 0], np.where(np.isin(eval_ids, [77, 88, 99]), -5, expected))
     assert table.size() == 4
-    assert table.index.counters()["missed"] > 0
+    assert table.index.counters().missed > 0
 
 
 def _static_run(send_count, ids):
-    config.init(use_dynamic=False)
+    lifecycle.init(use_dynamic=False)
     spec = FeatureSpec("ids", table_name="t")
     iterator, batch = batched_iterator({"ids": ids}, 4, [spec])
     table = create_table(tf.int64, 2, "t", slot_row_initializer, device_vocabulary_size=100)
@@ -108,7 +108,7 @@ def test_static_shape_overflow_names_the_table_and_send_count(graph):
 
 
 def _run_one_feature(ids, batch_size, capacity, start_pipeline=True):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="tiny")
     iterator, batch = batched_iterator({"ids": ids}, batch_size, [spec])
     table = create_table(tf.int64, 2, "tiny", slot_row_initializer, device_vocabulary_size=capacity)
@@ -131,7 +131,7 @@ def test_pipeline_must_be_started_before_running(graph):
 
 
 def test_is_grad_false_stops_gradients(graph):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="t")
     _, batch = batched_iterator({"ids": np.arange(4).reshape(2, 2)}, 2, [spec])
     table = create_table(tf.int64, 2, "t", slot_row_initializer, device_vocabulary_size=8)

@@ -18,10 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def oracle_runs(tmp_path_factory):
     out = {}
-    for n, mode in ((1, "div"), (2, "div"), (4, "div"), (2, "sum"), (4, "sum")):
-        d = tmp_path_factory.mktemp(f"oracle{n}{mode}")
-        check(mpiexec(n, "oracle_train.py", d, mode))
-        out[n, mode] = d
+    for n, modes in ((1, "div"), (2, "div,sum"), (4, "div,sum")):
+        d = tmp_path_factory.mktemp(f"oracle{n}")
+        check(mpiexec(n, "oracle_train.py", d, modes))
+        out.update({(n, mode): d for mode in modes.split(",")})
     return out
 
 

@@ -71,36 +71,42 @@ def test_eval_lookup_never_allocates_and_reads_sentinel():
     slots = index.lookup(np.array([3, 99, 1, 99], np.int64), False)
     np.testing.assert_array_equal(slots, [2, index.sentinel, 0, index.sentinel])
     assert index.size() == 3
-    assert index.counters()["missed"] == 2
+    assert index.counters().missed == 2
 
 
 def one_feature(index, send_count=0, int32_keys=False, name="f"):
     return native.FeatureSet([name], [index], [send_count], [int32_keys], f"feature {name}")
 
 
-def new_exchange(channel="train", allocate=True, timeout_s=30.0):
-    return native.KeyExchange(MPI.COMM_SELF.Dup(), channel, allocate, timeout_s)
+def new_exchange(channel=native.Channel.TRAIN, timeout_s=30.0):
+    return native.KeyExchange(MPI.COMM_SELF.Dup(), channel, timeout_s)
+
+
+def routed(result):
+    """Per feature: (rows, expand, recv_splits, restore, ticket) of an exchange that did not end."""
+    assert not result.ended
+    return [(r.rows, r.expand, r.recv_splits, r.restore, r.ticket) for r in result.features]
 
 
 def test_single_rank_exchange_dedups_pads_and_restores():
     index = native.EmbeddingIndex("padded", 100)
     exchange = new_exchange()
     keys = np.array([[5, 6], [5, -2]], np.int64)
-    [(slots, expand, recv, restore, _)] = exchange.run(one_feature(index, 4), [keys], True)
+    [(slots, expand, recv, restore, _)] = routed(exchange.run(one_feature(index, 4), [keys], True))
     # Padded to send_count=4: three keys and the sentinel; distinct rows, expanded per received key.
     np.testing.assert_array_equal(slots, [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(slots[expand], [0, 1, 2, index.sentinel])
     np.testing.assert_array_equal(recv, [4])
     np.testing.assert_array_equal(slots[expand][restore], [0, 1, 0, 2])
-    [(slots, expand, recv, restore, _)] = exchange.run(one_feature(index), [keys.astype(np.int32)], True)
+    [(slots, expand, recv, restore, _)] = routed(exchange.run(one_feature(index), [keys.astype(np.int32)], True))
     np.testing.assert_array_equal(slots, [0, 1, 2])
     assert expand.size == 0, "one rank, dynamic shapes: the received keys are distinct already"
     np.testing.assert_array_equal(recv, [3])
     np.testing.assert_array_equal(slots[restore], [0, 1, 0, 2])
-    assert exchange.run(one_feature(index), [keys], False) is None, "no data on the only rank ends the pass"
+    assert exchange.run(one_feature(index), [keys], False).ended, "no data on the only rank ends the pass"
     assert exchange.ranks_out_of_data == [0]
-    assert index.counters()["keys_sent"] == 6 and index.counters()["keys_received"] == 6
-    assert exchange.counters()["batches"] == 3
+    assert index.counters().keys_sent == 6 and index.counters().keys_received == 6
+    assert exchange.counters().batches == 3
 
 
 def test_static_overflow_error_names_table_ranks_and_send_count():
@@ -115,7 +121,7 @@ def test_static_overflow_error_names_table_ranks_and_send_count():
         exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
     assert "send_count=2" in exchange.stopped
     exchange.restart()
-    [(slots, _, _, restore, _)] = exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True)
+    [(slots, _, _, restore, _)] = routed(exchange.run(one_feature(index, 2), [np.array([7], np.int64)], True))
     assert index.size() == 1
 
 
@@ -133,8 +139,8 @@ def test_int32_table_refuses_ids_beyond_int32_naming_feature_and_table():
 def test_eval_exchange_never_allocates():
     index = native.EmbeddingIndex("t", 10)
     insert_batch(index, np.array([4], np.int64))
-    exchange = new_exchange("eval", allocate=False)
-    [(slots, _, _, restore, _)] = exchange.run(one_feature(index), [np.array([4, 8, 4], np.int64)], True)
+    exchange = new_exchange(native.Channel.EVAL)
+    [(slots, _, _, restore, _)] = routed(exchange.run(one_feature(index), [np.array([4, 8, 4], np.int64)], True))
     np.testing.assert_array_equal(slots[restore], [0, index.sentinel, 0])
     assert index.size() == 1
 

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all
-from shardrec.rank_runtime import config, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime import lifecycle, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
 
 pytestmark = pytest.mark.quick
 
@@ -34,7 +34,7 @@ def train_shardrec(make_optimizer, data, mode):
     mode "one_lookup": one feature; "two_lookups": the ids split into two features of the same
     table, so the table's gradient sums two lookups; "static": static shapes with padding."""
     with tf.Graph().as_default():
-        config.init(use_dynamic=mode != "static")
+        lifecycle.init(use_dynamic=mode != "static")
         if mode == "two_lookups":
             data = {"a": data["ids"][:, :1], "b": data["ids"][:, 1:], "y": data["y"]}
             specs = [FeatureSpec("a", table_name="emb"), FeatureSpec("b", table_name="emb")]
@@ -56,7 +56,7 @@ def train_shardrec(make_optimizer, data, mode):
             final = sess.run(table.variable)
             slot_rows = [sess.run(opt.get_slot(table.variable, n)) for n in opt.get_slot_names()]
         keys, slots = table.index.export()
-        config.terminate_config_initializer()
+        lifecycle.terminate_config_initializer()
     assert len(steps) == STEPS
     for rows in slot_rows:
         assert np.all(rows[-1] == rows[-1][0]), "the sentinel's optimizer state never moves"
@@ -147,7 +147,7 @@ def test_rows_match_plain_tensorflow(name, mode, graph):
 def test_only_a_gradient_summed_over_lookups_goes_through_tensorflow_dedup(graph, lookups, deduped):
     """One lookup's rows are distinct (the pipeline dedups them on the owner): its gradient skips
     TensorFlow's unique + segment sum; a table looked up twice gets a summed gradient that needs it."""
-    config.init()
+    lifecycle.init()
     names = ["a", "b"][:lookups]
     specs = [FeatureSpec(n, table_name="emb") for n in names]
     _, batch = batched_iterator({n: np.arange(8).reshape(4, 2) for n in names}, 2, specs)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all, slot_row_initializer
-from shardrec.rank_runtime import config, create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime import lifecycle, create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def shardrec_warnings():
 
 def _static_train_and_eval(train_ids, eval_ids, train_send, eval_send):
     """One table, a train and an eval FeatureSpec both named "ids" (seed 001), static shapes."""
-    config.init(use_dynamic=False)
+    lifecycle.init(use_dynamic=False)
     train_spec, eval_spec = FeatureSpec("ids", table_name="t"), FeatureSpec("ids", table_name="t")
     train_it, train_batch = batched_iterator({"ids": train_ids}, 4, [train_spec], is_training=True)
     eval_it, eval_batch = batched_iterator({"ids": eval_ids}, 4, [eval_spec], is_training=False)
@@ -63,7 +63,7 @@ def test_an_eval_batch_over_its_own_send_count_names_it(graph):
 
 
 def _one_lookup(access_and_evict_config=None, ids=None, **spec_kwargs):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="t", **spec_kwargs)
     _, batch = batched_iterator({"ids": np.arange(8).reshape(4, 2)}, 2, [spec])
     table = create_table(tf.int64, 2, "t", slot_row_initializer, device_vocabulary_size=10)
@@ -94,15 +94,15 @@ def test_a_list_of_several_feature_specs_is_refused(graph):
 
 
 @pytest.mark.parametrize("call,expected", [
-    (lambda: config.init(train_steps=123, eval_steps=7),
+    (lambda: lifecycle.init(train_steps=123, eval_steps=7),
      "init(train_steps=123, eval_steps=7): step counts have no effect in shardrec"),
-    (lambda: (config.init(), FeatureSpec("x", table_name="t", batch_size=77)),
+    (lambda: (lifecycle.init(), FeatureSpec("x", table_name="t", batch_size=77)),
      "FeatureSpec(batch_size=77) has no effect in shardrec"),
-    (lambda: (config.init(), FeatureSpec("x", table_name="t", faae_coefficient=3)),
+    (lambda: (lifecycle.init(), FeatureSpec("x", table_name="t", faae_coefficient=3)),
      "FeatureSpec(faae_coefficient=3) has no effect in shardrec"),
-    (lambda: (config.init(), get_asc_insert_func([FeatureSpec("x", table_name="t")], dump_graph=True)),
+    (lambda: (lifecycle.init(), get_asc_insert_func([FeatureSpec("x", table_name="t")], dump_graph=True)),
      "get_asc_insert_func(dump_graph=True) has no effect in FeatureSpec mode"),
-    (lambda: (config.init(), create_table(tf.int64, 2, "ssd_t", tf.compat.v1.zeros_initializer(),
+    (lambda: (lifecycle.init(), create_table(tf.int64, 2, "ssd_t", tf.compat.v1.zeros_initializer(),
                                           ssd_data_path=["/data/ssd"])),
      "create_table('ssd_t'): ssd_data_path has no effect with ssd_vocabulary_size=0"),
 ], ids=["steps", "batch_size", "faae_coefficient", "dump_graph", "ssd_data_path"])
@@ -112,13 +112,13 @@ def test_parameters_without_effect_say_so(graph, shardrec_warnings, call, expect
 
 
 def test_a_table_name_with_a_trailing_newline_is_refused(graph):
-    config.init()
+    lifecycle.init()
     with pytest.raises(ValueError, match=r"parameter 'name' = 'user\\n' is not allowed"):
         create_table(tf.int64, 2, "user\n", tf.compat.v1.zeros_initializer())
 
 
 def test_a_feature_spec_naming_a_missing_table_is_reported_at_pipeline_start(graph):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="nowhere")
     batched_iterator({"ids": np.arange(8).reshape(4, 2)}, 2, [spec])
     create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer())
@@ -128,7 +128,7 @@ def test_a_feature_spec_naming_a_missing_table_is_reported_at_pipeline_start(gra
 
 
 def test_an_int32_table_refuses_int64_ids_beyond_int32_naming_feature_and_table(graph):
-    config.init()
+    lifecycle.init()
     spec = FeatureSpec("ids", table_name="small")
     iterator, batch = batched_iterator({"ids": np.array([[1, 2], [3, 2**31 + 5]], np.int64)}, 1, [spec])
     table = create_table(tf.int32, 2, "small", slot_row_initializer, device_vocabulary_size=10)

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from mpi_helpers import JOBS
+from shardrec.rank_runtime.heartbeat_format import Heartbeat
 from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
                                 train)
 
@@ -69,7 +70,7 @@ def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterr
     assert proc.returncode == 0, proc.stderr[-4000:]
     step = 10 if fault.startswith("1:12") else 5
     assert re.search(rf"attempt 0 failed: {why}", proc.stderr), proc.stderr[-4000:]
-    assert re.search(rf"restarting the job in 5 s \(attempt 1 of 4\) from \S+model.ckpt-{step} \(step {step}\)",
+    assert re.search(rf"restarting the job in 1 s \(attempt 1 of 4\) from \S+model.ckpt-{step} \(step {step}\)",
                      proc.stderr)
     assert f"DONE rank=0 step=30 resumed_from={step}" in proc.stdout  # rank 0's output reaches the terminal
     summary = json.loads((run / "summary.json").read_text())
@@ -82,7 +83,7 @@ def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterr
 def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survives(tmp_path, uninterrupted):
     proc, out, run = train(tmp_path, "frozen", fault="1:8:stop", extra=("--hang-timeout", 15))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for 1[4-9] s \(hang timeout 15 s\); its "
+    assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for [0-9]+ s \(hang timeout 15 s\); its "
                      r"process is stopped", proc.stderr), proc.stderr[-4000:]
     assert_gone(attempt_pids(run, 0))
     # Before killing, the supervisor asked the rank that still ticked for its stack.
@@ -168,13 +169,13 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
     runs = {}
     for name, fault in (("reference", None), ("killed", "1:12:kill")):
         model_dir = tmp_path / f"{name}-model"
-        proc = shardrec_run("-np", 2, "--checkpoint-dir", model_dir, "--run-dir", tmp_path / f"{name}-run", "--",
-                            sys.executable, job, model_dir, fault=fault)
+        proc = shardrec_run("-np", 2, "--checkpoint-dir", model_dir, "--run-dir", tmp_path / f"{name}-run",
+                            "--restart-delay", 1, "--", sys.executable, job, model_dir, fault=fault)
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (proc, final_checkpoint(model_dir))
     killed = runs["killed"][0].stderr
     assert "attempt 0 failed: rank 1 failed (killed by signal 9" in killed, killed[-3000:]
-    assert re.search(r"restarting the job in 5 s \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
+    assert re.search(r"restarting the job in 1 s \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
     (want_rows, want_w), (got_rows, got_w) = runs["reference"][1], runs["killed"][1]
     assert sorted(got_rows) == sorted(want_rows)
     for key, row in want_rows.items():
@@ -189,7 +190,7 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None)
     attempt.started = time.monotonic() - 10
-    attempt.beats[0] = {"step": 15, "total_steps": 30, "samples_per_s": 1234.4, "loss": 0.25}
+    attempt.beats[0] = Heartbeat(step=15, total_steps=30, samples_per_s=1234.4, loss=0.25)
     attempt._progress_line(tty=True)
     line = capsys.readouterr().err
     assert re.fullmatch(r"\r\[shardrec-run\] attempt 0  \[##########\.{10}\]  step 15/30  1234 samples/s  "
@@ -206,7 +207,7 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
 
     attempt = Attempt(JobSpec(command=["true"], np=3, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
     attempt.started = now = 1000.0
-    attempt.beats = {0: {"host": "a", "exiting": True}, 1: {"host": "a"}, 2: {"host": "a"}}
+    attempt.beats = {0: Heartbeat(host="a", exiting=True), 1: Heartbeat(host="a"), 2: Heartbeat(host="a")}
     attempt.heard = {0: now, 1: now + 25, 2: now + 25}
     attempt.moved = {0: now, 1: now, 2: now}
     assert attempt._hung(now + 25) == (None, None)  # 25 s without progress, still ticking, rank 0 done

@@ -74,11 +74,14 @@ def test_a_row_exchange_without_a_communicator_says_to_start_the_pipeline(graph)
 
 
 def test_row_exchange_on_one_rank_returns_the_rows_and_its_gradient_sends_them_back(runtime):
+    from shardrec.rank_runtime.channel import Channel, RowExchangeName
     from shardrec.rank_runtime.world import get_world
 
-    get_world().make_row_exchanges(["unit/f/train#0", "unit/f/train#0 gradients"])
+    exchange = RowExchangeName("unit", "f", Channel.TRAIN, 0)
+    assert (exchange.rows, exchange.gradients) == ("unit/f/train#0", "unit/f/train#0 gradients")
+    get_world().make_row_exchanges([exchange])
     rows = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
-    out = native_ops.row_alltoall(rows, tf.constant([4], tf.int32), "unit/f/train#0", 5.0, "unit/f/train#0 gradients")
+    out = native_ops.row_alltoall(rows, tf.constant([4], tf.int32), exchange.rows, 5.0, exchange.gradients)
     grad = tf.gradients(tf.reduce_sum(out * 2.0), rows)[0]
     with tf.compat.v1.Session() as sess:
         got, got_grad = sess.run([out, grad])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shardrec.rank_runtime import config, create_table, init
+from shardrec.rank_runtime import lifecycle, create_table, init
 from shardrec.rank_runtime.warm_start import warm_start
 
 TABLES = ("user_table", "item_table")
@@ -53,7 +53,7 @@ def three_checkpoints(tmp_path):
                     np.testing.assert_array_equal(table.index.lookup(order, allocate=True), np.arange(5))
                 sess.run(writes)
                 paths.append(saver.save(sess, str(tmp_path / f"ws{i}" / "model"), global_step=0))
-            config.terminate_config_initializer()
+            lifecycle.terminate_config_initializer()
     return paths
 
 

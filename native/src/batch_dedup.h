@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "key_slot_map.h"
+#include "key_row_map.h"
 
 namespace shardrec {
 

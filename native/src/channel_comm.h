@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace shardrec {
@@ -44,6 +45,17 @@ class ChannelComm {
   const std::string& broken() const { return broken_; }
   // Time spent inside MPI waiting for this channel's rounds, all calls together.
   uint64_t ns_waiting() const { return ns_waiting_; }
+
+  // Every rank's `mine`, a struct of int64 words (a round's status), by rank.
+  template <typename Words>
+  std::vector<Words> gather_words(const Words& mine, const std::string& what) {
+    static_assert(std::is_standard_layout_v<Words> && sizeof(Words) % sizeof(int64_t) == 0,
+                  "a status is a struct of int64 words");
+    std::vector<Words> all(static_cast<size_t>(world_));
+    gather_status(reinterpret_cast<const int64_t*>(&mine), static_cast<int>(sizeof(Words) / sizeof(int64_t)),
+                  reinterpret_cast<int64_t*>(all.data()), what);
+    return all;
+  }
 
   // Every rank's `n` words into all[r * n .. r * n + n). `what` names the round in errors.
   void gather_status(const int64_t* mine, int n, int64_t* all, const std::string& what) {

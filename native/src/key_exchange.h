@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "batch_dedup.h"
+#include "channel.h"
 #include "channel_comm.h"
 #include "embedding_index.h"
 #include "key_router.h"
@@ -58,31 +59,54 @@ struct FeatureSet {
   std::string timestamp_feature;  // the is_timestamp feature whose values come with every batch ('' none)
 };
 
+// One feature's result for one batch: how the lookup moves its rows (rank_runtime/routing.py
+// files the same fields, by the same names, into the dataset element).
 struct FeatureRouting {
-  std::vector<int32_t> local_slots;  // distinct rows this rank gathers for its requesters
-  std::vector<int32_t> expand;       // per received key, its row among local_slots (empty: identity)
+  std::vector<int32_t> rows;         // the distinct local rows this rank gathers for its requesters
+  std::vector<int32_t> expand;       // per received key, its row among `rows` (empty: identity)
   std::vector<int32_t> recv_splits;  // rows going out to each requester
   std::vector<int32_t> restore;      // per id of the batch: its row among those that come back
   int32_t ticket = 0;                // the batch's ticket on the feature's table (residency.h)
 };
 
-struct ExchangeCounters {
-  uint64_t batches = 0;
-  uint64_t evictions = 0;       // eviction rounds
-  uint64_t evicted_rows = 0;    // keys with a row evicted, over all tables
-  int64_t last_eviction_step = -1;
-  uint64_t ns_in_collectives = 0;
-  uint64_t ns_total = 0;
+// What each rank says in a batch's status round, gathered from every rank.
+struct RankStatus {
+  // The signature of a rank that left (leave()), whatever features the round is for.
+  static constexpr int64_t kLeft = INT64_MIN;
+  int64_t has_data = 0;
+  int64_t signature = 0;  // of the rank's feature set
+  // A static-shape overflow: the first feature whose unique keys for one owner exceed send_count.
+  int64_t overflow_feature = -1, overflow_count = 0, overflow_owner = 0;
+  int64_t bad_feature = -1, bad_key = 0;  // an id outside its table's int32 key dtype
+  int64_t evict_asked = 0;  // this rank's EvictHook asks for an eviction now
+  int64_t newest_ts = -1;   // the newest timestamp of this rank's batch (-1: none)
+  // -1, or 0: a negative timestamp (bad_ts_value), 1: bad_ts_value samples for ids that do not fit.
+  int64_t bad_ts = -1, bad_ts_value = 0;
+
+  static RankStatus left() {
+    RankStatus s;
+    s.signature = kLeft;
+    return s;
+  }
+};
+
+// Every rank's word, after a lookup: whether a table of the round is full or a tier failed.
+struct CapacityStatus {
+  int64_t full_feature = -1;  // the feature whose table is full (-1: none)
+  int64_t rows = 0;           // the rows it holds
+  int64_t memory_limit = 0;   // a growing table's memory limit (0: a table of fixed size)
+  int64_t tier_failed = 0;    // 1: a tier's error, which every rank is told in text
 };
 
 class KeyExchange {
  public:
-  KeyExchange(MPI_Comm comm, std::string channel, bool allocate, double timeout_s)
-      : comm_(comm, std::move(channel), timeout_s), allocate_(allocate) {}
+  // The training channel allocates rows (and counts, and evicts); the evaluation channel only looks up.
+  KeyExchange(MPI_Comm comm, Channel channel, double timeout_s)
+      : comm_(comm, name_of(channel), timeout_s), channel_(channel), allocate_(channel == Channel::kTrain) {}
 
   int rank() const { return comm_.rank(); }
   int world() const { return comm_.world(); }
-  const std::string& channel() const { return comm_.channel(); }
+  Channel channel() const { return channel_; }
   ChannelComm& comm() { return comm_; }
   ExchangeCounters counters() const { return counters_; }
   const std::string& stopped() const { return stopped_; }
@@ -102,8 +126,8 @@ class KeyExchange {
     if (left_ || comm_.world() == 1) return;
     left_ = true;
     // Static: the sends may still be in flight when this object is gone (they complete in MPI_Finalize).
-    static const int64_t kLeaveStatus[kWords] = {0, kLeft, -1, 0, 0, -1, 0, 0, -1, -1, 0};
-    comm_.post_status(kLeaveStatus, kWords);
+    static const RankStatus kLeaveStatus = RankStatus::left();
+    comm_.post_status(reinterpret_cast<const int64_t*>(&kLeaveStatus), sizeof(RankStatus) / sizeof(int64_t));
   }
 
   // Eviction on the training channel: every `step_interval` steps (0: never).
@@ -140,17 +164,9 @@ class KeyExchange {
   }
 
  private:
-  enum Word {
-    kHasData, kSignature, kOverflowFeature, kOverflowCount, kOverflowOwner, kBadFeature, kBadKey,
-    kEvictAsked,  // this rank's EvictHook asks for an eviction now
-    kNewestTs,    // the newest timestamp of this rank's batch (-1: none)
-    kBadTs,       // -1, or 0: a negative timestamp (kBadTsValue), 1: kBadTsValue samples for ids that do not fit
-    kBadTsValue,
-    kWords
-  };
-  // The signature of a rank that left (leave()), whatever features the round is for.
-  static constexpr int64_t kLeft = INT64_MIN;
 
+  // The round's stages: this rank's status (and its keys bucketed by owner), the status round,
+  // the keys to their owners, each feature resolved, the agreement that no table failed.
   bool run_checked(const FeatureSet& fs, std::vector<RouterInput> keys, bool has_data,
                    std::vector<FeatureRouting>& out, BatchTimestamps ts) {
     // Training lookups of a table with admission count their keys on the owner.
@@ -158,51 +174,61 @@ class KeyExchange {
       keys[f].counted = allocate_ && fs.features[f].index->counts();
     const auto t0 = std::chrono::steady_clock::now();
     coll_ns0_ = comm_.ns_waiting();
-    const size_t nf = fs.features.size();
-    const int world = comm_.world();
-    out.assign(nf, FeatureRouting{});
-    int64_t status[kWords] = {has_data ? 1 : 0, fs.signature, -1, 0, 0, -1, 0, 0, -1, -1, 0};
-    if (allocate_ && evict_asked_.exchange(false)) status[kEvictAsked] = 1;
-    if (has_data) {
-      if (keys.size() != nf) throw std::invalid_argument("one id array per feature expected");
-      check_key_range(fs, keys, status);
-      if (!fs.timestamp_feature.empty()) check_timestamps(keys, ts, status);
-      restore_.clear();
-      router_.bucket(keys, world, restore_, status[kBadTs] < 0 ? ts : BatchTimestamps{});
-      for (size_t f = 0; f < nf && status[kOverflowFeature] < 0; ++f) {
-        for (int r = 0; r < world; ++r) {
-          if (fs.features[f].send_count > 0 && router_.sent(f, r) > fs.features[f].send_count) {
-            status[kOverflowFeature] = static_cast<int64_t>(f);
-            status[kOverflowCount] = router_.sent(f, r);
-            status[kOverflowOwner] = r;
-            break;
-          }
-        }
-      }
-    }
-
-    std::vector<int64_t> all(static_cast<size_t>(kWords) * world);
-    comm_.gather_status(status, kWords, all.data(), "status round");
+    out.assign(fs.features.size(), FeatureRouting{});
+    const RankStatus status = prepare(fs, keys, has_data, ts);
+    const std::vector<RankStatus> all = comm_.gather_words(status, "status round");
     throw_if_a_rank_left(all);
-    for (int r = 0; r < world; ++r) {
-      const int64_t signature = all[r * kWords + kSignature];
-      if (signature != fs.signature && signature != kLeft) throw_feature_mismatch(fs);
-    }
+    for (const RankStatus& s : all)
+      if (s.signature != fs.signature && s.signature != RankStatus::kLeft) throw_feature_mismatch(fs);
     ranks_out_of_data_.clear();
-    for (int r = 0; r < world; ++r)
-      if (all[r * kWords + kHasData] == 0) ranks_out_of_data_.push_back(r);
+    for (int r = 0; r < comm_.world(); ++r)
+      if (all[r].has_data == 0) ranks_out_of_data_.push_back(r);
     if (!ranks_out_of_data_.empty()) {
       finish(t0);
       return false;
     }
     throw_if_refused(fs, all);
     if (allocate_) evict_and_observe(fs, all);
-
     router_.exchange(comm_);
     begin_batch(fs, out);
+    resolve_all(fs, out);
+    if (allocate_) ++step_;
+    finish(t0);
+    return true;
+  }
+
+  // This rank's status for the round; with data, its keys checked and bucketed by owner.
+  RankStatus prepare(const FeatureSet& fs, const std::vector<RouterInput>& keys, bool has_data, BatchTimestamps ts) {
+    RankStatus status;
+    status.has_data = has_data ? 1 : 0;
+    status.signature = fs.signature;
+    if (allocate_ && evict_asked_.exchange(false)) status.evict_asked = 1;
+    if (!has_data) return status;
+    const size_t nf = fs.features.size();
+    const int world = comm_.world();
+    if (keys.size() != nf) throw std::invalid_argument("one id array per feature expected");
+    check_key_range(fs, keys, status);
+    if (!fs.timestamp_feature.empty()) check_timestamps(keys, ts, status);
+    restore_.clear();
+    router_.bucket(keys, world, restore_, status.bad_ts < 0 ? ts : BatchTimestamps{});
+    for (size_t f = 0; f < nf && status.overflow_feature < 0; ++f) {
+      for (int r = 0; r < world; ++r) {
+        if (fs.features[f].send_count > 0 && router_.sent(f, r) > fs.features[f].send_count) {
+          status.overflow_feature = static_cast<int64_t>(f);
+          status.overflow_count = router_.sent(f, r);
+          status.overflow_owner = r;
+          break;
+        }
+      }
+    }
+    return status;
+  }
+
+  // Resolves every feature; a full table or a failing tier on any rank stops every rank here.
+  void resolve_all(const FeatureSet& fs, std::vector<FeatureRouting>& out) {
     std::string capacity_error, tier_error;
     int64_t full_feature = -1;
-    for (size_t f = 0; f < nf; ++f) {
+    for (size_t f = 0; f < fs.features.size(); ++f) {
       try {
         resolve(fs.features[f], f, out[f]);
       } catch (const CapacityError& e) {
@@ -221,26 +247,23 @@ class KeyExchange {
     // Unreachable today (the agreement has thrown on every rank); kept so that a full table can
     // never pass silently if a channel stops agreeing.
     if (full_feature >= 0) throw ExchangeError(capacity_error + tier_error);
-    if (allocate_) ++step_;
-    finish(t0);
-    return true;
   }
 
   // Timestamps: one int64 per sample, none negative, and every counted feature's ids a whole
   // number per sample.
-  static void check_timestamps(const std::vector<RouterInput>& keys, BatchTimestamps ts, int64_t* status) {
+  static void check_timestamps(const std::vector<RouterInput>& keys, BatchTimestamps ts, RankStatus& status) {
     for (size_t i = 0; i < ts.samples; ++i) {
       if (ts.ts[i] < 0) {
-        status[kBadTs] = 0;
-        status[kBadTsValue] = ts.ts[i];
+        status.bad_ts = 0;
+        status.bad_ts_value = ts.ts[i];
         return;
       }
-      status[kNewestTs] = std::max(status[kNewestTs], ts.ts[i]);
+      status.newest_ts = std::max(status.newest_ts, ts.ts[i]);
     }
     for (const auto& k : keys) {
       if (k.counted && (ts.samples == 0 ? k.n > 0 : k.n % ts.samples != 0)) {
-        status[kBadTs] = 1;
-        status[kBadTsValue] = static_cast<int64_t>(ts.samples);
+        status.bad_ts = 1;
+        status.bad_ts_value = static_cast<int64_t>(ts.samples);
         return;
       }
     }
@@ -248,19 +271,19 @@ class KeyExchange {
 
   // Before this batch's keys are resolved: an eviction if any rank asks for one or the step
   // interval says so, then the newest timestamp of every rank's batch.
-  void evict_and_observe(const FeatureSet& fs, const std::vector<int64_t>& all) {
+  void evict_and_observe(const FeatureSet& fs, const std::vector<RankStatus>& all) {
     bool asked = evict_every_ > 0 && step_ > 0 && step_ % evict_every_ == 0;
     int64_t newest = -1;
-    for (int r = 0; r < comm_.world(); ++r) {
-      asked = asked || all[static_cast<size_t>(r) * kWords + kEvictAsked] != 0;
-      newest = std::max(newest, all[static_cast<size_t>(r) * kWords + kNewestTs]);
+    for (const RankStatus& s : all) {
+      asked = asked || s.evict_asked != 0;
+      newest = std::max(newest, s.newest_ts);
     }
     std::vector<EmbeddingIndex*> seen;
     for (const auto& f : fs.features) {
       if (!f.index->counts() || std::find(seen.begin(), seen.end(), f.index) != seen.end()) continue;
       seen.push_back(f.index);
       f.index->begin_step(step_);
-      if (asked && f.index->evicts()) counters_.evicted_rows += f.index->evict(step_);
+      if (asked && f.index->evicts()) f.index->evict(step_);
       if (newest >= 0) f.index->observe_newest(newest);
     }
     if (asked) {
@@ -270,14 +293,14 @@ class KeyExchange {
   }
 
   // An int64 id into an int32 table is refused, not truncated: two ids would share a row.
-  static void check_key_range(const FeatureSet& fs, const std::vector<RouterInput>& keys, int64_t* status) {
+  static void check_key_range(const FeatureSet& fs, const std::vector<RouterInput>& keys, RankStatus& status) {
     for (size_t f = 0; f < keys.size(); ++f) {
       if (!fs.features[f].int32_keys || keys[f].keys_are_int32) continue;
       const int64_t* k = static_cast<const int64_t*>(keys[f].keys);
       for (size_t i = 0; i < keys[f].n; ++i) {
         if (k[i] < std::numeric_limits<int32_t>::min() || k[i] > std::numeric_limits<int32_t>::max()) {
-          status[kBadFeature] = static_cast<int64_t>(f);
-          status[kBadKey] = k[i];
+          status.bad_feature = static_cast<int64_t>(f);
+          status.bad_key = k[i];
           return;
         }
       }
@@ -287,10 +310,10 @@ class KeyExchange {
   // A rank that left the job (its process exited, leave()) holds a part of every table that it can
   // no longer serve: a pass without it would look up nothing there and report a result over part
   // of the data. Every rank still in the round gets this in the same round.
-  void throw_if_a_rank_left(const std::vector<int64_t>& all) const {
+  void throw_if_a_rank_left(const std::vector<RankStatus>& all) const {
     std::string left;
     for (int r = 0; r < comm_.world(); ++r)
-      if (all[static_cast<size_t>(r) * kWords + kSignature] == kLeft)
+      if (all[r].signature == RankStatus::kLeft)
         left += (left.empty() ? "" : ", ") + std::to_string(r);
     if (left.empty()) return;
     throw ExchangeError("key exchange '" + comm_.channel() + "' (rank " + std::to_string(comm_.rank()) + " of " +
@@ -327,42 +350,41 @@ class KeyExchange {
                         "' although their descriptions match (every rank stops here)");
   }
 
-  void throw_if_refused(const FeatureSet& fs, const std::vector<int64_t>& all) {
-    std::string bad, overflow;
+  // Ids outside an int32 table, bad timestamps and static-shape overflows, on any rank: every
+  // rank stops in this round with the same message.
+  void throw_if_refused(const FeatureSet& fs, const std::vector<RankStatus>& all) {
+    std::string bad, bad_ts, overflow;
     int64_t largest = 0;
     for (int r = 0; r < comm_.world(); ++r) {
-      const int64_t* s = &all[static_cast<size_t>(r) * kWords];
-      if (s[kBadFeature] >= 0) {
-        const auto& f = fs.features[static_cast<size_t>(s[kBadFeature])];
-        bad += (bad.empty() ? "" : "; ") + std::string("feature '") + f.name + "' on rank " + std::to_string(r) +
-               " has id " + std::to_string(s[kBadKey]) + ", outside table '" + f.index->name() +
+      const RankStatus& s = all[r];
+      const std::string rank = std::to_string(r);
+      if (s.bad_feature >= 0) {
+        const auto& f = fs.features[static_cast<size_t>(s.bad_feature)];
+        bad += (bad.empty() ? "" : "; ") + std::string("feature '") + f.name + "' on rank " + rank + " has id " +
+               std::to_string(s.bad_key) + ", outside table '" + f.index->name() +
                "''s key dtype int32 [-2147483648, 2147483647]";
       }
-      if (s[kOverflowFeature] >= 0) {
-        const auto& f = fs.features[static_cast<size_t>(s[kOverflowFeature])];
-        largest = std::max(largest, s[kOverflowCount]);
+      if (s.bad_ts == 0)
+        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + rank + " has timestamp " +
+                  std::to_string(s.bad_ts_value) + " in is_timestamp feature '" + fs.timestamp_feature +
+                  "'; timestamps must be seconds >= 0";
+      else if (s.bad_ts == 1)
+        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + rank + " has " +
+                  std::to_string(s.bad_ts_value) + " timestamps in is_timestamp feature '" + fs.timestamp_feature +
+                  "', which do not divide the ids of a feature that counts: give one timestamp per sample "
+                  "(shape [batch])";
+      if (s.overflow_feature >= 0) {
+        const auto& f = fs.features[static_cast<size_t>(s.overflow_feature)];
+        largest = std::max(largest, s.overflow_count);
         overflow += (overflow.empty() ? "" : "; ") + std::string("feature '") + f.name + "' of table '" +
-                    f.index->name() + "': rank " + std::to_string(r) + " has " + std::to_string(s[kOverflowCount]) +
-                    " unique keys for rank " + std::to_string(s[kOverflowOwner]) +
+                    f.index->name() + "': rank " + rank + " has " + std::to_string(s.overflow_count) +
+                    " unique keys for rank " + std::to_string(s.overflow_owner) +
                     ", more than send_count=" + std::to_string(f.send_count);
       }
     }
     if (!bad.empty())
       throw ExchangeError(bad + "; create the table with key_dtype=tf.int64 or map the ids into int32 "
                                 "(every rank stops here)");
-    std::string bad_ts;
-    for (int r = 0; r < comm_.world(); ++r) {
-      const int64_t* s = &all[static_cast<size_t>(r) * kWords];
-      if (s[kBadTs] == 0)
-        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has timestamp " +
-                  std::to_string(s[kBadTsValue]) + " in is_timestamp feature '" + fs.timestamp_feature +
-                  "'; timestamps must be seconds >= 0";
-      else if (s[kBadTs] == 1)
-        bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has " +
-                  std::to_string(s[kBadTsValue]) + " timestamps in is_timestamp feature '" + fs.timestamp_feature +
-                  "', which do not divide the ids of a feature that counts: give one timestamp per sample "
-                  "(shape [batch])";
-    }
     if (!bad_ts.empty()) throw ExchangeError(bad_ts + " (every rank stops here)");
     if (!overflow.empty())
       throw ExchangeError(overflow + "; raise send_count to at least " + std::to_string(largest) +
@@ -377,11 +399,10 @@ class KeyExchange {
 
   // Each distinct table of the round starts a batch; its ticket goes with every feature of it.
   void begin_batch(const FeatureSet& fs, std::vector<FeatureRouting>& out) {
-    const int channel = allocate_ ? 0 : 1;
     for (size_t f = 0; f < fs.features.size(); ++f) {
       size_t first = 0;
       while (fs.features[first].index != fs.features[f].index) ++first;
-      out[f].ticket = first == f ? static_cast<int32_t>(fs.features[f].index->begin_batch(channel)) : out[first].ticket;
+      out[f].ticket = first == f ? static_cast<int32_t>(fs.features[f].index->begin_batch(channel_)) : out[first].ticket;
     }
   }
 
@@ -389,19 +410,18 @@ class KeyExchange {
   // rows in the message), or another error of a tier (each failing rank's own message).
   void agree_on_capacity(const FeatureSet& fs, int64_t full_feature, const std::string& capacity_error,
                          const std::string& tier_error) {
-    const int world = comm_.world();
-    constexpr int kW = 4;  // failing feature, rows, memory limit, whether a tier failed
-    int64_t mine[kW] = {tier_error.empty() ? full_feature : -1, 0, 0, tier_error.empty() ? 0 : 1};
-    if (mine[0] >= 0) {
+    CapacityStatus mine;
+    mine.full_feature = tier_error.empty() ? full_feature : -1;
+    mine.tier_failed = tier_error.empty() ? 0 : 1;
+    if (mine.full_feature >= 0) {
       EmbeddingIndex* index = fs.features[static_cast<size_t>(full_feature)].index;
       // A table that grows stops at its memory limit (or at the most rows an index holds).
-      mine[1] = index->expands() ? index->store().in_use() : index->capacity();
-      mine[2] = index->expands() ? index->store().memory_limit() : 0;
+      mine.rows = index->expands() ? index->store().in_use() : index->capacity();
+      mine.memory_limit = index->expands() ? index->store().memory_limit() : 0;
     }
-    std::vector<int64_t> all(kW * static_cast<size_t>(world));
-    comm_.gather_status(mine, kW, all.data(), "capacity agreement");
+    const std::vector<CapacityStatus> all = comm_.gather_words(mine, "capacity agreement");
     bool tier_failed = false;
-    for (int r = 0; r < world; ++r) tier_failed = tier_failed || all[kW * r + 3] != 0;
+    for (const CapacityStatus& s : all) tier_failed = tier_failed || s.tier_failed != 0;
     if (tier_failed) {
       const auto texts = comm_.gather_strings(tier_error, "tier errors");
       std::string msg;
@@ -410,16 +430,21 @@ class KeyExchange {
           msg += (msg.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + texts[r];
       throw ExchangeError(msg + " (every rank stops here)");
     }
+    throw_if_full(fs, all);
+  }
+
+  void throw_if_full(const FeatureSet& fs, const std::vector<CapacityStatus>& all) const {
     std::string full;
     bool grows = false;
-    for (int r = 0; r < world; ++r) {
-      if (all[kW * r] < 0) continue;
-      const auto& f = fs.features[static_cast<size_t>(all[kW * r])];
-      const std::string rows = std::to_string(all[kW * r + 1]);
+    for (size_t r = 0; r < all.size(); ++r) {
+      const CapacityStatus& s = all[r];
+      if (s.full_feature < 0) continue;
+      const auto& f = fs.features[static_cast<size_t>(s.full_feature)];
+      const std::string rows = std::to_string(s.rows);
       full += (full.empty() ? "" : "; ") + std::string("table '") + f.index->name();
-      if (all[kW * r + 2] > 0) {
+      if (s.memory_limit > 0) {
         grows = true;
-        full += "' reached its memory limit of " + std::to_string(all[kW * r + 2]) + " bytes on rank " +
+        full += "' reached its memory limit of " + std::to_string(s.memory_limit) + " bytes on rank " +
                 std::to_string(r) + " (" + rows + " rows in use, reached by feature '" + f.name + "')";
       } else {
         full += "' is full on rank " + std::to_string(r) + " (" + rows + " rows per rank, reached by feature '" +
@@ -445,14 +470,14 @@ class KeyExchange {
       total_recv += o.recv_splits[s];
     }
     // Owner side: received keys -> local rows, in source-rank order (padding keeps the sentinel).
-    o.local_slots.assign(total_recv, feature.index->sentinel());
+    o.rows.assign(total_recv, feature.index->sentinel());
     size_t dst = 0;
     if (allocate_ && feature.index->counts()) {
       resolve_counted(feature, f, o);
     } else {
       for (int s = 0; s < world; ++s) {
         const int32_t n = router_.received_count(f, s);
-        feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.local_slots.data() + dst);
+        feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.rows.data() + dst);
         feature.index->add_traffic(router_.sent(f, s), n);
         dst += o.recv_splits[s];
       }
@@ -460,9 +485,9 @@ class KeyExchange {
     // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
     // no padding the received keys are this batch's unique keys already: no expand needed.
     if (world > 1 || pad > 0) {
-      o.expand.resize(o.local_slots.size());
-      owner_dedup_.run(o.local_slots.data(), o.local_slots.size(), owner_unique_, o.expand.data());
-      o.local_slots.assign(owner_unique_.begin(), owner_unique_.end());
+      o.expand.resize(o.rows.size());
+      owner_dedup_.run(o.rows.data(), o.rows.size(), owner_unique_, o.expand.data());
+      o.rows.assign(owner_unique_.begin(), owner_unique_.end());
     }
     if (feature.index->tiered()) check_memory_budget(feature, o);
     // Requester side: each id's row among those that come back, laid out by owner rank.
@@ -475,7 +500,7 @@ class KeyExchange {
 
   // A memory tier must hold the distinct keys of two batches: the one training and the next.
   void check_memory_budget(const ExchangeFeature& feature, const FeatureRouting& o) const {
-    const int64_t distinct = static_cast<int64_t>(o.local_slots.size());
+    const int64_t distinct = static_cast<int64_t>(o.rows.size());
     const int64_t rows = feature.index->capacity();
     if (2 * distinct > rows)
       throw CapacityError("table '" + feature.index->name() + "': its memory budget of " + std::to_string(rows) +
@@ -493,7 +518,7 @@ class KeyExchange {
     if (world == 1) {  // one requester: its keys are distinct already
       const int32_t n = router_.received_count(f, 0);
       feature.index->lookup_counted(router_.received(f, 0), router_.received_meta(f, 0), static_cast<size_t>(n),
-                                    o.local_slots.data());
+                                    o.rows.data());
       feature.index->add_traffic(router_.sent(f, 0), n);
       return;
     }
@@ -514,14 +539,14 @@ class KeyExchange {
         m[1] = std::max(m[1], meta[2 * j + 1]);
       }
     }
-    merged_slots_.resize(merged_unique_.size());
+    merged_rows_.resize(merged_unique_.size());
     feature.index->lookup_counted(merged_unique_.data(), merged_meta_.data(), merged_unique_.size(),
-                                  merged_slots_.data());
+                                  merged_rows_.data());
     size_t dst = 0;
     i = 0;
     for (int s = 0; s < world; ++s) {
       const int32_t n = router_.received_count(f, s);
-      for (int32_t j = 0; j < n; ++j, ++i) o.local_slots[dst + j] = merged_slots_[merged_restore_[i]];
+      for (int32_t j = 0; j < n; ++j, ++i) o.rows[dst + j] = merged_rows_[merged_restore_[i]];
       feature.index->add_traffic(router_.sent(f, s), n);
       dst += o.recv_splits[s];
     }
@@ -535,17 +560,18 @@ class KeyExchange {
   }
 
   ChannelComm comm_;
+  const Channel channel_;
   bool left_ = false;
   int64_t evict_every_ = 0;
   int64_t step_ = 0;
   bool step_follows_training_ = false;
   std::atomic<bool> evict_asked_{false};
-  bool allocate_;
+  const bool allocate_;
   KeyRouter router_;
   BatchDedup owner_dedup_;
   BatchDedup key_dedup_;  // merges the requesters' keys of a counted feature
   std::vector<int64_t> merged_keys_, merged_unique_, merged_meta_;
-  std::vector<int32_t> merged_restore_, merged_slots_;
+  std::vector<int32_t> merged_restore_, merged_rows_;
   std::vector<int64_t> owner_unique_;
   std::vector<std::vector<int32_t>> restore_;
   uint64_t coll_ns0_ = 0;

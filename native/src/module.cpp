@@ -1,5 +1,6 @@
-// The pybind11 module: numpy arrays in and out, the GIL released around every loop over keys
-// and every MPI call.
+// The pybind11 module: numpy arrays in and out, the GIL released around every loop over keys and
+// every MPI call. One binding function per class; what crosses to Python is a typed value with
+// read-only fields (counters, an index's state, a batch's routing), never a dict built by hand.
 #include <mpi4py/mpi4py.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -9,13 +10,19 @@
 #include <memory>
 
 #include "batch_dedup.h"
+#include "channel.h"
 #include "embedding_index.h"
+#include "index_state.h"
 #include "key_exchange.h"
 
 namespace py = pybind11;
 using shardrec::BatchDedup;
+using shardrec::Channel;
 using shardrec::EmbeddingIndex;
+using shardrec::ExchangeCounters;
 using shardrec::FeatureSet;
+using shardrec::IndexCounters;
+using shardrec::TierCounters;
 using shardrec::KeyExchange;
 using shardrec::RowStore;
 
@@ -31,6 +38,91 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
   return a;
 }
 
+// A vector handed over to numpy without a copy: a checkpoint's rows may be most of the memory.
+template <typename T>
+py::array_t<T> hand_over(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule release(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(shape, owned->data(), release);
+}
+
+// The common length of three arrays that go together, or an error naming them.
+size_t same_length(const py::array& a, const py::array& b, const py::array& c, const char* names) {
+  if (a.size() != b.size() || a.size() != c.size())
+    throw std::invalid_argument(std::string(names) + " must have the same length");
+  return static_cast<size_t>(a.size());
+}
+
+// ---- counters: read-only fields listed once in index_state.h, and a dict for JSON and logs.
+#define SHARDREC_READONLY(type, name, doc) cls.def_readonly(#name, &Counters::name, doc);
+#define SHARDREC_DICT_ITEM(type, name, doc) d[#name] = c.name;
+#define SHARDREC_BIND_COUNTERS(var, Type, FIELDS, doc_text)            \
+  py::class_<Type> var(m, #Type, doc_text);                            \
+  {                                                                    \
+    using Counters = Type;                                             \
+    auto& cls = var;                                                   \
+    FIELDS(SHARDREC_READONLY)                                          \
+    cls.def("as_dict", [](const Counters& c) {                         \
+      py::dict d;                                                      \
+      FIELDS(SHARDREC_DICT_ITEM)                                       \
+      return d;                                                        \
+    });                                                                \
+    cls.def("__repr__", [](const Counters& c) {                        \
+      py::dict d;                                                      \
+      FIELDS(SHARDREC_DICT_ITEM)                                       \
+      return std::string(#Type) + py::repr(d).cast<std::string>();     \
+    });                                                                \
+  }
+
+void bind_values(py::module_& m) {
+  py::enum_<Channel>(m, "Channel", py::arithmetic(), "The key pipeline's channels (channel.h).")
+      .value("TRAIN", Channel::kTrain)
+      .value("EVAL", Channel::kEval);
+  // rank_runtime/channel.py's Channel (an IntEnum with the same values) is accepted wherever this one is.
+  py::implicitly_convertible<py::int_, Channel>();
+
+  SHARDREC_BIND_COUNTERS(index_counters, IndexCounters, SHARDREC_INDEX_COUNTERS, "A table shard's key counters.")
+  SHARDREC_BIND_COUNTERS(tier_counters, TierCounters, SHARDREC_TIER_COUNTERS, "A table shard's SSD tier counters.")
+  SHARDREC_BIND_COUNTERS(exchange_counters, ExchangeCounters, SHARDREC_EXCHANGE_COUNTERS,
+                         "A key exchange channel's counters.")
+  exchange_counters
+      .def_property_readonly("seconds_in_collectives",
+                             [](const ExchangeCounters& c) { return c.ns_in_collectives * 1e-9; })
+      .def_property_readonly("seconds_total", [](const ExchangeCounters& c) { return c.ns_total * 1e-9; });
+
+  py::class_<shardrec::StoreBytes>(m, "StoreBytes", "Bytes of a row store's rows in use.")
+      .def_readonly("values", &shardrec::StoreBytes::values)
+      .def_readonly("slots", &shardrec::StoreBytes::slots, "the optimizer slot columns")
+      .def_readonly("metadata", &shardrec::StoreBytes::metadata);
+
+  py::class_<shardrec::PendingKeys>(m, "PendingKeys", "Keys counting towards admission, with no row yet.")
+      .def_property_readonly("keys", [](const shardrec::PendingKeys& p) { return to_numpy(p.keys); })
+      .def_property_readonly("counts", [](const shardrec::PendingKeys& p) { return to_numpy(p.counts); })
+      .def_property_readonly("last_seen", [](const shardrec::PendingKeys& p) { return to_numpy(p.last_seen); });
+
+  py::class_<shardrec::IndexState>(m, "IndexState",
+                                   "An index's keys as a checkpoint sees them: each key with its row (row order); "
+                                   "as of a step, with the admission state.")
+      .def_property_readonly("keys", [](const shardrec::IndexState& s) { return to_numpy(s.keys); })
+      .def_property_readonly("rows", [](const shardrec::IndexState& s) { return to_numpy(s.rows); })
+      .def_property_readonly("counts", [](const shardrec::IndexState& s) { return to_numpy(s.counts); })
+      .def_property_readonly("last_seen", [](const shardrec::IndexState& s) { return to_numpy(s.last_seen); })
+      .def_readonly("pending", &shardrec::IndexState::pending)
+      .def_readonly("newest", &shardrec::IndexState::newest, "the newest data timestamp (-1: none)")
+      .def_readonly("exact", &shardrec::IndexState::exact, "False: the journal no longer reached back to the step");
+
+  py::class_<shardrec::FeatureRouting>(m, "FeatureRouting",
+                                       "One feature's exchange result for one batch (rank_runtime/routing.py).")
+      .def_property_readonly("rows", [](const shardrec::FeatureRouting& r) { return to_numpy(r.rows); })
+      .def_property_readonly("expand", [](const shardrec::FeatureRouting& r) { return to_numpy(r.expand); })
+      .def_property_readonly("recv_splits", [](const shardrec::FeatureRouting& r) { return to_numpy(r.recv_splits); })
+      .def_property_readonly("restore", [](const shardrec::FeatureRouting& r) { return to_numpy(r.restore); })
+      .def_property_readonly("ticket", [](const shardrec::FeatureRouting& r) {
+        return to_numpy(std::vector<int32_t>{r.ticket});
+      });
+}
+
+// ---- batch dedup and ownership
 template <typename Key>
 py::tuple dedup(CArray<Key> keys) {
   const size_t n = static_cast<size_t>(keys.size());
@@ -44,15 +136,15 @@ py::tuple dedup(CArray<Key> keys) {
   return py::make_tuple(to_numpy(unique), restore);
 }
 
-py::array_t<int32_t> lookup(EmbeddingIndex& index, CArray<int64_t> keys, bool allocate) {
-  py::array_t<int32_t> slots(keys.size());
-  {
-    py::gil_scoped_release nogil;
-    index.lookup(keys.data(), static_cast<size_t>(keys.size()), allocate, slots.mutable_data());
-  }
-  return slots;
+void bind_functions(py::module_& m) {
+  m.def("dedup", &dedup<int64_t>, py::arg("keys"));
+  m.def("dedup", &dedup<int32_t>, py::arg("keys"),
+        "Unique keys in first-seen order and restore indices (unique[restore] == keys).");
+  m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, world); }, py::arg("key"),
+        py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
 }
 
+// ---- the row store
 shardrec::RowInit row_init(int kind, double a, double b, uint64_t seed, double scale) {
   shardrec::RowInit init;
   init.kind = kind;
@@ -63,131 +155,18 @@ shardrec::RowInit row_init(int kind, double a, double b, uint64_t seed, double s
   return init;
 }
 
-// The common length of three arrays that go together, or an error naming them.
-size_t same_length(const py::array& a, const py::array& b, const py::array& c, const char* names) {
-  if (a.size() != b.size() || a.size() != c.size())
-    throw std::invalid_argument(std::string(names) + " must have the same length");
-  return static_cast<size_t>(a.size());
-}
-
 std::shared_ptr<RowStore> shared_store(RowStore* s) {
   return std::shared_ptr<RowStore>(s, [](RowStore* p) { p->unref(); });
 }
 
-// Rows of column `c` at `rows` (every one in use), as a [n, dim] array / from one.
-py::array_t<float> read_rows(const RowStore& store, int c, CArray<int32_t> rows) {
+void check_rows_in_use(const RowStore& store, int c, const CArray<int32_t>& rows) {
   if (c < 0 || c >= store.n_columns()) throw std::out_of_range("no column " + std::to_string(c));
-  const int64_t n = rows.size();
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < rows.size(); ++i)
     if (rows.data()[i] < 0 || rows.data()[i] >= store.in_use())
       throw std::out_of_range("row " + std::to_string(rows.data()[i]) + " is not in use");
-  py::array_t<float> out({n, store.dim()});
-  {
-    py::gil_scoped_release nogil;
-    store.read_rows(c, rows.data(), n, out.mutable_data());
-  }
-  return out;
 }
 
-void write_rows(RowStore& store, int c, CArray<int32_t> rows, CArray<float> values) {
-  if (c < 0 || c >= store.n_columns()) throw std::out_of_range("no column " + std::to_string(c));
-  const int64_t n = rows.size();
-  if (values.ndim() != 2 || values.shape(0) != n || values.shape(1) != store.dim())
-    throw std::invalid_argument("values must be [len(rows), dim]");
-  for (int64_t i = 0; i < n; ++i)
-    if (rows.data()[i] < 0 || rows.data()[i] >= store.in_use())
-      throw std::out_of_range("row " + std::to_string(rows.data()[i]) + " is not in use");
-  py::gil_scoped_release nogil;
-  store.write_rows(c, rows.data(), n, values.data());
-}
-
-// One batch through the exchange. Returns None when some rank is out of data, else per feature
-// (local_slots, expand, recv_splits, restore, [ticket]).
-py::object exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
-                        py::object timestamps) {
-  const size_t nf = fs.features.size();
-  shardrec::BatchTimestamps ts;
-  CArray<int64_t> ts_array;
-  if (has_data && !fs.timestamp_feature.empty()) {
-    if (timestamps.is_none())
-      throw std::invalid_argument("feature set has is_timestamp feature '" + fs.timestamp_feature +
-                                  "': its timestamps must come with every batch");
-    ts_array = timestamps.cast<CArray<int64_t>>();
-    ts.ts = ts_array.data();
-    ts.samples = static_cast<size_t>(ts_array.size());
-  }
-  std::vector<py::array> arrays;
-  std::vector<shardrec::RouterInput> in;
-  if (has_data) {
-    if (static_cast<size_t>(py::len(keys)) != nf)
-      throw std::invalid_argument("keys: one id array per feature of the feature set expected");
-    for (size_t f = 0; f < nf; ++f) {
-      py::array a = py::reinterpret_borrow<py::array>(keys[f]);
-      const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
-      if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
-        throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
-                             std::string(py::str(a.dtype())));
-      if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
-      in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
-      arrays.push_back(a);
-    }
-  }
-  std::vector<shardrec::FeatureRouting> out;
-  bool ok;
-  {
-    py::gil_scoped_release nogil;
-    ok = ex.run(fs, in, has_data, out, ts);
-  }
-  if (!ok) return py::none();
-  py::list result;
-  for (auto& o : out)
-    result.append(py::make_tuple(to_numpy(o.local_slots), to_numpy(o.expand), to_numpy(o.recv_splits),
-                                 to_numpy(o.restore), to_numpy(std::vector<int32_t>{o.ticket})));
-  return std::move(result);
-}
-
-// A checkpoint's view of the index: keys and locations; as of a step, the admission state too.
-py::dict state_dict(const shardrec::AdmissionState& a, bool as_of) {
-  py::dict d;
-  d["keys"] = to_numpy(a.keys);
-  d["slots"] = to_numpy(a.slots);
-  if (as_of) {
-    d["counts"] = to_numpy(a.counts);
-    d["last_seen"] = to_numpy(a.last_seen);
-    d["pending_keys"] = to_numpy(a.pending.keys);
-    d["pending_counts"] = to_numpy(a.pending.counts);
-    d["pending_last_seen"] = to_numpy(a.pending.last_seen);
-    d["newest"] = a.newest;
-    d["exact"] = a.exact;
-  }
-  return d;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(core, m) {
-  m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
-  if (import_mpi4py() < 0) throw py::error_already_set();
-  py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
-  py::register_exception<shardrec::TierDamagedError>(m, "TierDamagedError", PyExc_RuntimeError);
-  auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
-  py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
-  // A checkpoint file that cannot be written is an OSError with its errno, as Python's own I/O.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const shardrec::FileError& e) {
-      py::object error = py::module_::import("builtins").attr("OSError")(e.code().value(), e.what());
-      PyErr_SetObject(PyExc_OSError, error.ptr());
-    }
-  });
-
-  m.def("dedup", &dedup<int64_t>, py::arg("keys"));
-  m.def("dedup", &dedup<int32_t>, py::arg("keys"),
-        "Unique keys in first-seen order and restore indices (unique[restore] == keys).");
-  m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, world); }, py::arg("key"),
-        py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
-
+void bind_row_store(py::module_& m) {
   py::class_<RowStore, std::shared_ptr<RowStore>>(m, "RowStore")
       .def(py::init([](const std::string& name, int64_t dim, int64_t rows, int64_t memory_limit, int kind, double a,
                        double b, uint64_t seed, double scale) {
@@ -199,14 +178,14 @@ PYBIND11_MODULE(core, m) {
            "constant a, 1 uniform [a, b), 2 normal (mean a, stddev b), 3 truncated normal; values times scale.")
       .def_property_readonly("address", [](RowStore& s) { return reinterpret_cast<uintptr_t>(&s); })
       .def_property_readonly("dim", &RowStore::dim)
-      .def_property_readonly("rows", &RowStore::rows)
+      .def_property_readonly("rows", &RowStore::rows, "Rows reserved, the sentinel included.")
       .def_property_readonly("in_use", &RowStore::in_use)
       .def_property_readonly("n_columns", &RowStore::n_columns)
       .def_property_readonly("chunk_rows", [](const RowStore&) { return RowStore::kChunkRows; })
       .def_property_readonly("bytes_per_row", &RowStore::bytes_per_row,
                              "Bytes of one row in use: values, every slot column, metadata.")
       .def_property_readonly("memory_limit", &RowStore::memory_limit, "Bytes of rows in use at most (0: none).")
-      .def("add_column", &RowStore::add_column, py::arg("init"), "A slot column; returns its number.")
+      .def("add_column", &RowStore::add_column, py::arg("init"), "An optimizer slot column; returns its number.")
       .def(
           "set_init",
           [](RowStore& s, int kind, double a, double b, uint64_t seed, double scale) {
@@ -214,44 +193,58 @@ PYBIND11_MODULE(core, m) {
           },
           py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"), py::arg("seed"), py::arg("scale"),
           "How rows drawn from now on start (rows taken again after an eviction included).")
+      .def("bytes", &RowStore::bytes)
       .def(
-          "ensure_rows",
-          [](RowStore& s, int64_t n) {
+          "read_rows",
+          [](const RowStore& store, int c, CArray<int32_t> rows) {
+            check_rows_in_use(store, c, rows);
+            py::array_t<float> out({static_cast<int64_t>(rows.size()), store.dim()});
             py::gil_scoped_release nogil;
-            s.ensure_rows(n);
+            store.read_rows(c, rows.data(), rows.size(), out.mutable_data());
+            return out;
           },
-          py::arg("n"))
-      .def("bytes", [](const RowStore& s) {
-        const auto b = s.bytes();
-        py::dict d;
-        d["values"] = b.values;
-        d["slots"] = b.slots;
-        d["metadata"] = b.metadata;
-        return d;
-      })
-      .def("read_rows", &read_rows, py::arg("column"), py::arg("rows"))
-      .def("write_rows", &write_rows, py::arg("column"), py::arg("rows"), py::arg("values"))
+          py::arg("column"), py::arg("rows"), "Column `column` of `rows` (every one in use), as [n, dim].")
+      .def(
+          "write_rows",
+          [](RowStore& store, int c, CArray<int32_t> rows, CArray<float> values) {
+            check_rows_in_use(store, c, rows);
+            if (values.ndim() != 2 || values.shape(0) != rows.size() || values.shape(1) != store.dim())
+              throw std::invalid_argument("values must be [len(rows), dim]");
+            py::gil_scoped_release nogil;
+            store.write_rows(c, rows.data(), rows.size(), values.data());
+          },
+          py::arg("column"), py::arg("rows"), py::arg("values"))
       .def("note_gathered", &RowStore::note_gathered, py::arg("channel"), py::arg("ticket"),
-           "Batch `ticket` of `channel` (0 train, 1 eval) was read (what the lookup's row gather reports).")
-      .def("gathered", &RowStore::gathered, py::arg("channel"));
+           "Batch `ticket` of `channel` was read (what the lookup's row gather reports).");
+}
 
-  py::class_<EmbeddingIndex>(m, "EmbeddingIndex")
-      .def(py::init([](std::string name, int64_t capacity, std::shared_ptr<RowStore> store, int64_t expected,
-                       bool expands) {
-             // An index alone (no table): rows of one float, which nothing reads.
-             if (!store) store = shared_store(new RowStore(name, 1, capacity + 1, 0, shardrec::RowInit{}));
-             return new EmbeddingIndex(std::move(name), capacity, store.get(), expected < 0 ? capacity : expected,
-                                       expands);
-           }),
-           py::arg("name"), py::arg("capacity"), py::arg("store") = nullptr, py::arg("expected") = -1,
-           py::arg("expands") = false)
+// ---- the key index, in four groups: keys and lookups, the SSD tier, checkpoints, admission.
+void bind_index_keys(py::class_<EmbeddingIndex>& c) {
+  c.def(py::init([](std::string name, int64_t capacity, std::shared_ptr<RowStore> store, int64_t expected,
+                    bool expands) {
+          // An index alone (no table): rows of one float, which nothing reads.
+          if (!store) store = shared_store(new RowStore(name, 1, capacity + 1, 0, shardrec::RowInit{}));
+          return new EmbeddingIndex(std::move(name), capacity, store.get(), expected < 0 ? capacity : expected,
+                                    expands);
+        }),
+        py::arg("name"), py::arg("capacity"), py::arg("store") = nullptr, py::arg("expected") = -1,
+        py::arg("expands") = false)
       .def_property_readonly("name", &EmbeddingIndex::name)
       .def_property_readonly("capacity", &EmbeddingIndex::capacity)
       .def_property_readonly("sentinel", &EmbeddingIndex::sentinel)
       .def("size", &EmbeddingIndex::size)
       .def("memory_bytes", &EmbeddingIndex::memory_bytes)
-      .def("lookup", &lookup, py::arg("keys"), py::arg("allocate") = false,
-           "Slots of `keys`; allocate=True inserts unknown keys, else they get the sentinel.")
+      .def("counters", &EmbeddingIndex::counters)
+      .def(
+          "lookup",
+          [](EmbeddingIndex& index, CArray<int64_t> keys, bool allocate) {
+            py::array_t<int32_t> rows(keys.size());
+            py::gil_scoped_release nogil;
+            index.lookup(keys.data(), static_cast<size_t>(keys.size()), allocate, rows.mutable_data());
+            return rows;
+          },
+          py::arg("keys"), py::arg("allocate") = false,
+          "Rows of `keys`; allocate=True inserts unknown keys, else they get the sentinel.")
       .def(
           "erase",
           [](EmbeddingIndex& index, CArray<int64_t> keys) {
@@ -266,54 +259,59 @@ PYBIND11_MODULE(core, m) {
             index.clear();
           },
           "Forgets every key (the map keeps room for the whole shard).")
-      .def(
-          "set_ssd",
-          [](EmbeddingIndex& index, int64_t records, std::vector<std::string> dirs, int rank, std::string policy) {
-            if (policy != "lru" && policy != "lfu")
-              throw std::invalid_argument("swap policy must be 'lru' or 'lfu', got '" + policy + "'");
-            index.set_ssd(records, std::move(dirs), rank,
-                          policy == "lru" ? shardrec::SwapPolicy::kLru : shardrec::SwapPolicy::kLfu);
-          },
-          py::arg("records"), py::arg("dirs"), py::arg("rank"), py::arg("policy") = "lfu",
-          "An SSD tier of `records` rows under `dirs` (before the first key).")
+      .def("begin_batch", &EmbeddingIndex::begin_batch, py::arg("channel"), "A new batch of `channel`; its ticket.")
+      .def("export", [](const EmbeddingIndex& index) {
+        std::vector<int64_t> keys;
+        std::vector<int32_t> rows;
+        {
+          py::gil_scoped_release nogil;
+          index.export_pairs(keys, rows);
+        }
+        return py::make_tuple(to_numpy(keys), to_numpy(rows));
+      }, "(keys, rows) of every key, in row order.");
+}
+
+void bind_index_tiers(py::class_<EmbeddingIndex>& c) {
+  c.def(
+       "set_ssd",
+       [](EmbeddingIndex& index, int64_t records, std::vector<std::string> dirs, int rank, std::string policy) {
+         if (policy != "lru" && policy != "lfu")
+           throw std::invalid_argument("swap policy must be 'lru' or 'lfu', got '" + policy + "'");
+         index.set_ssd(records, std::move(dirs), rank,
+                       policy == "lru" ? shardrec::SwapPolicy::kLru : shardrec::SwapPolicy::kLfu);
+       },
+       py::arg("records"), py::arg("dirs"), py::arg("rank"), py::arg("policy") = "lfu",
+       "An SSD tier of `records` rows under `dirs` (before the first key).")
       .def_property_readonly("tiered", &EmbeddingIndex::tiered)
       .def_property_readonly("max_keys", &EmbeddingIndex::max_keys, "Memory rows plus SSD rows.")
       .def("rows_on_ssd", &EmbeddingIndex::rows_on_ssd)
       .def("ssd_files", &EmbeddingIndex::ssd_files)
       .def("ssd_file_bytes", &EmbeddingIndex::ssd_file_bytes)
+      .def("tier_counters", &EmbeddingIndex::tier_counters)
       .def(
           "close_ssd",
           [](EmbeddingIndex& index) {
             py::gil_scoped_release nogil;
             index.close_ssd();
           },
-          "Removes the SSD tier's files.")
-      .def("begin_batch", &EmbeddingIndex::begin_batch, py::arg("channel"),
-           "A new batch of channel 0 (train) or 1 (eval); returns its ticket.")
-      .def("tier_counters",
-           [](const EmbeddingIndex& index) {
-             const auto c = index.tier_counters();
-             py::dict d;
-             d["memory_hits"] = c.memory_hits;
-             d["ssd_hits"] = c.ssd_hits;
-             d["misses"] = c.misses;
-             d["swapped_in"] = c.swapped_in;
-             d["swapped_out"] = c.swapped_out;
-             d["bytes_in"] = c.bytes_in;
-             d["bytes_out"] = c.bytes_out;
-             d["step_in"] = c.step_in;
-             d["step_out"] = c.step_out;
-             return d;
-           })
-      .def(
-          "place",
-          [](EmbeddingIndex& index, CArray<int64_t> keys) {
-            py::array_t<int32_t> locs(keys.size());
-            py::gil_scoped_release nogil;
-            index.place(keys.data(), static_cast<size_t>(keys.size()), locs.mutable_data());
-            return locs;
-          },
-          py::arg("keys"), "Restore: a location for each key (distinct, none held), memory first, then SSD.")
+          "Removes the SSD tier's files.");
+}
+
+// A checkpoint's step: None for the index as it is, else the training step to take it back to.
+std::pair<bool, int64_t> as_of(const py::object& step) {
+  return step.is_none() ? std::make_pair(false, int64_t{0}) : std::make_pair(true, step.cast<int64_t>());
+}
+
+void bind_index_checkpoints(py::class_<EmbeddingIndex>& c) {
+  c.def(
+       "place",
+       [](EmbeddingIndex& index, CArray<int64_t> keys) {
+         py::array_t<int32_t> locs(keys.size());
+         py::gil_scoped_release nogil;
+         index.place(keys.data(), static_cast<size_t>(keys.size()), locs.mutable_data());
+         return locs;
+       },
+       py::arg("keys"), "Restore: a location for each key (distinct, none held), memory first, then SSD.")
       .def(
           "read_rows",
           [](const EmbeddingIndex& index, int column, CArray<int64_t> keys, CArray<int32_t> locs) {
@@ -325,53 +323,6 @@ PYBIND11_MODULE(core, m) {
           },
           py::arg("column"), py::arg("keys"), py::arg("locations"), "Rows of any tier (checkpoints).")
       .def(
-          "snapshot",
-          [](const EmbeddingIndex& index, std::vector<int> columns, py::object step) {
-            EmbeddingIndex::Snapshot snap;
-            const bool as_of = !step.is_none();
-            const int64_t at = as_of ? step.cast<int64_t>() : 0;
-            {
-              py::gil_scoped_release nogil;
-              snap = index.snapshot(as_of, at, columns);
-            }
-            const auto& a = snap.state;
-            py::dict d = state_dict(a, as_of);
-            py::list rows;
-            for (auto& c : snap.columns) {
-              // The rows are handed over, not copied: a checkpoint's rows may be most of the memory.
-              auto* owned = new std::vector<float>(std::move(c));
-              py::capsule release(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
-              rows.append(py::array_t<float>({static_cast<py::ssize_t>(a.keys.size()), static_cast<py::ssize_t>(index.dim())},
-                                             owned->data(), release));
-            }
-            d["columns"] = rows;
-            return d;
-          },
-          py::arg("columns"), py::arg("step") = py::none(),
-          "Keys (as of training step `step`, see export_as_of; None: as they are) with the rows of `columns`, "
-          "under one hold of the index's lock (no lookup moves a row in between).")
-      .def(
-          "save_columns",
-          [](const EmbeddingIndex& index, std::vector<int> columns, std::vector<std::string> paths, py::object step,
-             size_t chunk_rows) {
-            if (paths.size() != columns.size()) throw std::invalid_argument("one path per column expected");
-            EmbeddingIndex::SavedColumns saved;
-            const bool as_of = !step.is_none();
-            const int64_t at = as_of ? step.cast<int64_t>() : 0;
-            {
-              py::gil_scoped_release nogil;
-              saved = index.save_columns(as_of, at, columns, paths, chunk_rows);
-            }
-            py::dict d = state_dict(saved.state, as_of);
-            py::list files;
-            for (const auto& f : saved.files) files.append(py::make_tuple(f.bytes, f.crc));
-            d["files"] = files;
-            return d;
-          },
-          py::arg("columns"), py::arg("paths"), py::arg("step") = py::none(), py::arg("chunk_rows") = 16384,
-          "snapshot()'s view with the columns written to `paths` as .npy files, a chunk of rows at a time "
-          "(array_file.h): {'keys', 'slots', admission state as in snapshot(), 'files': [(bytes, crc32)]}.")
-      .def(
           "write_rows",
           [](EmbeddingIndex& index, int column, CArray<int64_t> keys, CArray<int32_t> locs, CArray<float> values) {
             const size_t n = same_length(keys, locs, locs, "keys and locations");
@@ -381,8 +332,90 @@ PYBIND11_MODULE(core, m) {
             index.write_rows(column, keys.data(), locs.data(), n, values.data());
           },
           py::arg("column"), py::arg("keys"), py::arg("locations"), py::arg("values"))
-      .def("set_admission", &EmbeddingIndex::set_admission, py::arg("access_threshold"),
-           py::arg("eviction_threshold"), "-1 turns either off.")
+      .def(
+          "snapshot",
+          [](const EmbeddingIndex& index, std::vector<int> columns, py::object step) {
+            const auto [at, when] = as_of(step);
+            EmbeddingIndex::Snapshot snap;
+            {
+              py::gil_scoped_release nogil;
+              snap = index.snapshot(at, when, columns);
+            }
+            const auto n = static_cast<py::ssize_t>(snap.state.keys.size());
+            py::list rows;
+            for (auto& column : snap.columns) rows.append(hand_over(std::move(column), {n, index.dim()}));
+            return py::make_tuple(std::move(snap.state), rows);
+          },
+          py::arg("columns"), py::arg("step") = py::none(),
+          "(IndexState as of training step `step` (None: as it is), the rows of `columns`), under one hold of "
+          "the index's lock (no lookup moves a row in between).")
+      .def(
+          "save_columns",
+          [](const EmbeddingIndex& index, std::vector<int> columns, std::vector<std::string> paths, py::object step,
+             size_t chunk_rows) {
+            if (paths.size() != columns.size()) throw std::invalid_argument("one path per column expected");
+            const auto [at, when] = as_of(step);
+            EmbeddingIndex::SavedColumns saved;
+            {
+              py::gil_scoped_release nogil;
+              saved = index.save_columns(at, when, columns, paths, chunk_rows);
+            }
+            py::list files;
+            for (const auto& f : saved.files) files.append(py::make_tuple(f.bytes, f.crc));
+            return py::make_tuple(std::move(saved.state), files);
+          },
+          py::arg("columns"), py::arg("paths"), py::arg("step") = py::none(), py::arg("chunk_rows") = 16384,
+          "snapshot()'s state with the columns written to `paths` as .npy files, a chunk of rows at a time "
+          "(array_file.h): (IndexState, [(bytes, crc32)] per file).")
+      .def(
+          "export_as_of",
+          [](const EmbeddingIndex& index, int64_t step) {
+            py::gil_scoped_release nogil;
+            return index.export_as_of(step);
+          },
+          py::arg("step"), "Every key as of training step `step` (batches looked up ahead of it undone).");
+}
+
+void bind_index_metadata(py::class_<EmbeddingIndex>& c) {
+  c.def(
+       "read_metadata",
+       [](const EmbeddingIndex& index, CArray<int32_t> rows) {
+         const size_t n = static_cast<size_t>(rows.size());
+         py::array_t<uint32_t> counts(static_cast<py::ssize_t>(n));
+         py::array_t<int64_t> last_seen(static_cast<py::ssize_t>(n));
+         {
+           py::gil_scoped_release nogil;
+           index.read_metadata(rows.data(), n, counts.mutable_data(), last_seen.mutable_data());
+         }
+         return py::make_tuple(counts, last_seen);
+       },
+       py::arg("rows"), "(counts, last-seen timestamps) of rows from export().")
+      .def(
+          "write_metadata",
+          [](EmbeddingIndex& index, CArray<int32_t> rows, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
+            const size_t n = same_length(rows, counts, last_seen, "rows, counts and last_seen");
+            py::gil_scoped_release nogil;
+            index.write_metadata(rows.data(), n, counts.data(), last_seen.data());
+          },
+          py::arg("rows"), py::arg("counts"), py::arg("last_seen"))
+      .def("export_pending",
+           [](const EmbeddingIndex& index) {
+             py::gil_scoped_release nogil;
+             return index.export_pending();
+           })
+      .def(
+          "import_pending",
+          [](EmbeddingIndex& index, CArray<int64_t> keys, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
+            const size_t n = same_length(keys, counts, last_seen, "keys, counts and last_seen");
+            py::gil_scoped_release nogil;
+            index.import_pending(keys.data(), counts.data(), last_seen.data(), n);
+          },
+          py::arg("keys"), py::arg("counts"), py::arg("last_seen"));
+}
+
+void bind_index_admission(py::class_<EmbeddingIndex>& c) {
+  c.def("set_admission", &EmbeddingIndex::set_admission, py::arg("access_threshold"), py::arg("eviction_threshold"),
+        "-1 turns either off.")
       .def_property_readonly("access_threshold", &EmbeddingIndex::access_threshold)
       .def_property_readonly("eviction_threshold", &EmbeddingIndex::eviction_threshold)
       .def_property("newest", &EmbeddingIndex::newest, &EmbeddingIndex::observe_newest,
@@ -398,12 +431,10 @@ PYBIND11_MODULE(core, m) {
               meta[2 * i] = counts.data()[i];
               meta[2 * i + 1] = timestamps.data()[i];
             }
-            py::array_t<int32_t> slots(static_cast<py::ssize_t>(n));
-            {
-              py::gil_scoped_release nogil;
-              index.lookup_counted(keys.data(), meta.data(), n, slots.mutable_data());
-            }
-            return slots;
+            py::array_t<int32_t> rows(static_cast<py::ssize_t>(n));
+            py::gil_scoped_release nogil;
+            index.lookup_counted(keys.data(), meta.data(), n, rows.mutable_data());
+            return rows;
           },
           py::arg("keys"), py::arg("counts"), py::arg("timestamps"),
           "A training lookup with admission: unique keys, their occurrences and newest timestamps.")
@@ -422,83 +453,20 @@ PYBIND11_MODULE(core, m) {
             py::gil_scoped_release nogil;
             return index.release_evicted(trained_step);
           },
-          py::arg("trained_step"), "Frees rows evicted at steps <= trained_step.")
-      .def(
-          "read_metadata",
-          [](const EmbeddingIndex& index, CArray<int32_t> slots) {
-            const size_t n = static_cast<size_t>(slots.size());
-            py::array_t<uint32_t> counts(static_cast<py::ssize_t>(n));
-            py::array_t<int64_t> last_seen(static_cast<py::ssize_t>(n));
-            {
-              py::gil_scoped_release nogil;
-              index.read_metadata(slots.data(), n, counts.mutable_data(), last_seen.mutable_data());
-            }
-            return py::make_tuple(counts, last_seen);
-          },
-          py::arg("slots"), "(counts, last-seen timestamps) of rows from export().")
-      .def(
-          "write_metadata",
-          [](EmbeddingIndex& index, CArray<int32_t> slots, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
-            const size_t n = same_length(slots, counts, last_seen, "slots, counts and last_seen");
-            py::gil_scoped_release nogil;
-            index.write_metadata(slots.data(), n, counts.data(), last_seen.data());
-          },
-          py::arg("slots"), py::arg("counts"), py::arg("last_seen"))
-      .def(
-          "export_as_of",
-          [](const EmbeddingIndex& index, int64_t step) {
-            shardrec::AdmissionState a;
-            {
-              py::gil_scoped_release nogil;
-              a = index.export_as_of(step);
-            }
-            return state_dict(a, true);
-          },
-          py::arg("step"),
-          "Every key as of training step `step` (batches looked up ahead of it undone): keys, slots (row order), "
-          "counts, last_seen, pending_keys/counts/last_seen, newest, exact.")
-      .def("export_pending",
-           [](const EmbeddingIndex& index) {
-             shardrec::PendingKeys p;
-             {
-               py::gil_scoped_release nogil;
-               p = index.export_pending();
-             }
-             return py::make_tuple(to_numpy(p.keys), to_numpy(p.counts), to_numpy(p.last_seen));
-           })
-      .def(
-          "import_pending",
-          [](EmbeddingIndex& index, CArray<int64_t> keys, CArray<uint32_t> counts, CArray<int64_t> last_seen) {
-            const size_t n = same_length(keys, counts, last_seen, "keys, counts and last_seen");
-            py::gil_scoped_release nogil;
-            index.import_pending(keys.data(), counts.data(), last_seen.data(), n);
-          },
-          py::arg("keys"), py::arg("counts"), py::arg("last_seen"))
-      .def("export", [](const EmbeddingIndex& index) {
-        std::vector<int64_t> keys;
-        std::vector<int32_t> slots;
-        {
-          py::gil_scoped_release nogil;
-          index.export_pairs(keys, slots);
-        }
-        return py::make_tuple(to_numpy(keys), to_numpy(slots));
-      })
-      .def("counters", [](const EmbeddingIndex& index) {
-        const auto c = index.counters();
-        py::dict d;
-        d["keys_sent"] = c.keys_sent;
-        d["keys_received"] = c.keys_received;
-        d["inserted"] = c.inserted;
-        d["missed"] = c.missed;
-        d["erased"] = c.erased;
-        d["admitted"] = c.admitted;
-        d["rejected"] = c.rejected;
-        d["evicted"] = c.evicted;
-        d["evicted_pending"] = c.evicted_pending;
-        d["reused"] = c.reused;
-        return d;
-      });
+          py::arg("trained_step"), "Frees rows evicted at steps <= trained_step.");
+  bind_index_metadata(c);
+}
 
+void bind_embedding_index(py::module_& m) {
+  py::class_<EmbeddingIndex> c(m, "EmbeddingIndex", "One table shard's key index (embedding_index.h).");
+  bind_index_keys(c);
+  bind_index_tiers(c);
+  bind_index_checkpoints(c);
+  bind_index_admission(c);
+}
+
+// ---- the key exchange
+void bind_feature_set(py::module_& m) {
   py::class_<FeatureSet>(m, "FeatureSet")
       .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
                        const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
@@ -512,28 +480,84 @@ PYBIND11_MODULE(core, m) {
              return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
            }),
            py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
-           py::arg("timestamp_feature") = "",
-           py::keep_alive<1, 3>(),
+           py::arg("timestamp_feature") = "", py::keep_alive<1, 3>(),
            "The features of one insert function, in the order every rank uses; `description` (a line per "
            "feature) is what the ranks compare.")
-      .def_property_readonly("signature", [](const FeatureSet& fs) { return fs.signature; })
       .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
+}
 
+// What one batch's exchange gives: whether some rank is out of data (every rank stops the pass at
+// this batch) and, per feature, its routing (an empty one, shaped for the batch, at the end).
+struct ExchangeResult {
+  bool ended = false;
+  std::vector<shardrec::FeatureRouting> features;
+};
+
+ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
+                            py::object timestamps) {
+  const size_t nf = fs.features.size();
+  if (static_cast<size_t>(py::len(keys)) != nf)
+    throw std::invalid_argument("keys: one id array per feature of the feature set expected");
+  shardrec::BatchTimestamps ts;
+  CArray<int64_t> ts_array;
+  if (has_data && !fs.timestamp_feature.empty()) {
+    if (timestamps.is_none())
+      throw std::invalid_argument("feature set has is_timestamp feature '" + fs.timestamp_feature +
+                                  "': its timestamps must come with every batch");
+    ts_array = timestamps.cast<CArray<int64_t>>();
+    ts.ts = ts_array.data();
+    ts.samples = static_cast<size_t>(ts_array.size());
+  }
+  std::vector<py::array> arrays;
+  std::vector<shardrec::RouterInput> in;
+  for (size_t f = 0; f < nf; ++f) {
+    py::array a = py::reinterpret_borrow<py::array>(keys[f]);
+    if (!has_data) {
+      arrays.push_back(a);
+      continue;
+    }
+    const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
+    if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
+      throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
+                           std::string(py::str(a.dtype())));
+    if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
+    in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
+    arrays.push_back(a);
+  }
+  ExchangeResult result;
+  {
+    py::gil_scoped_release nogil;
+    result.ended = !ex.run(fs, in, has_data, result.features, ts);
+  }
+  if (result.ended) {
+    result.features.assign(nf, shardrec::FeatureRouting{});
+    for (size_t f = 0; f < nf; ++f) {
+      result.features[f].recv_splits.assign(static_cast<size_t>(ex.world()), 0);
+      result.features[f].restore.assign(static_cast<size_t>(arrays[f].size()), 0);
+    }
+  }
+  return result;
+}
+
+void bind_key_exchange(py::module_& m) {
+  py::class_<ExchangeResult>(m, "ExchangeResult")
+      .def_readonly("ended", &ExchangeResult::ended, "Some rank is out of data: every rank ends the pass here.")
+      .def_readonly("features", &ExchangeResult::features, "A FeatureRouting per feature of the feature set.");
   py::class_<KeyExchange>(m, "KeyExchange")
-      .def(py::init([](py::object comm, std::string channel, bool allocate, double timeout_s) {
+      .def(py::init([](py::object comm, Channel channel, double timeout_s) {
              MPI_Comm* c = PyMPIComm_Get(comm.ptr());
              if (c == nullptr) throw py::error_already_set();
              if (!(timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
-             return new KeyExchange(*c, std::move(channel), allocate, timeout_s);
+             return new KeyExchange(*c, channel, timeout_s);
            }),
-           py::arg("comm"), py::arg("channel"), py::arg("allocate"), py::arg("timeout_s"), py::keep_alive<1, 2>(),
-           "An exchange on `comm` (an mpi4py communicator of its own); allocate=False for eval; every round "
-           "waits at most timeout_s seconds.")
+           py::arg("comm"), py::arg("channel"), py::arg("timeout_s"), py::keep_alive<1, 2>(),
+           "The exchange of `channel` on `comm` (an mpi4py communicator of its own); every round waits at most "
+           "timeout_s seconds.")
       .def_property_readonly("rank", &KeyExchange::rank)
       .def_property_readonly("world_size", &KeyExchange::world)
       .def_property_readonly("channel", &KeyExchange::channel)
       .def_property_readonly("ranks_out_of_data", &KeyExchange::ranks_out_of_data,
-                             "The ranks whose data ended, after run() returned None.")
+                             "The ranks whose data ended, after run() said the pass ended.")
       .def_property_readonly("stopped", &KeyExchange::stopped, "The error that stopped this channel ('' if none).")
       .def_property(
           "timeout_s", [](KeyExchange& ex) { return ex.comm().timeout_s(); },
@@ -560,15 +584,35 @@ PYBIND11_MODULE(core, m) {
       .def_property_readonly("step_follows_training", &KeyExchange::step_follows_training,
                              "Whether set_step numbered the steps from a global step.")
       .def("request_eviction", &KeyExchange::request_eviction, "The next round evicts on every rank.")
-      .def("counters", [](const KeyExchange& ex) {
-        const auto c = ex.counters();
-        py::dict d;
-        d["batches"] = c.batches;
-        d["evictions"] = c.evictions;
-        d["evicted_rows"] = c.evicted_rows;
-        d["last_eviction_step"] = c.last_eviction_step;
-        d["seconds_in_collectives"] = c.ns_in_collectives * 1e-9;
-        d["seconds_total"] = c.ns_total * 1e-9;
-        return d;
-      });
+      .def("counters", &KeyExchange::counters);
+}
+
+void bind_errors(py::module_& m) {
+  py::register_exception<shardrec::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
+  py::register_exception<shardrec::TierDamagedError>(m, "TierDamagedError", PyExc_RuntimeError);
+  auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
+  py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
+  // A checkpoint file that cannot be written is an OSError with its errno, as Python's own I/O.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const shardrec::FileError& e) {
+      py::object error = py::module_::import("builtins").attr("OSError")(e.code().value(), e.what());
+      PyErr_SetObject(PyExc_OSError, error.ptr());
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(core, m) {
+  m.doc() = "shardrec's native key core: per-table key index, batch dedup, all-to-all key exchange.";
+  if (import_mpi4py() < 0) throw py::error_already_set();
+  bind_errors(m);
+  bind_values(m);
+  bind_functions(m);
+  bind_row_store(m);
+  bind_embedding_index(m);
+  bind_feature_set(m);
+  bind_key_exchange(m);
 }

@@ -2,7 +2,7 @@
 //
 // Pins: the key pipeline looks batches up ahead of training, and a kernel reads and updates a
 // batch's rows by their row number, so no row of a batch looked up and not yet trained may move.
-// Each lookup is one batch of a channel (0 train, 1 eval) with a ticket (1, 2, ...); a row keeps
+// Each lookup is one batch of a channel (channel.h) with a ticket (1, 2, ...); a row keeps
 // the ticket of the last batch of each channel that used it, and the op library's row gather
 // reports the ticket of each batch it reads (RowStore::note_gathered). Batch t of a channel is done
 // once batch t+1 of it is read (the session ran t's step, gathers and updates, before), so a row
@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "channel.h"
 
 namespace shardrec {
 
@@ -33,15 +35,15 @@ class Residency {
   SwapPolicy policy() const { return policy_; }
 
   // A new batch of `channel`: its ticket.
-  uint32_t begin_batch(int channel) {
+  uint32_t begin_batch(Channel channel) {
     ++clock_;
-    return ++ticket_[channel & 1];
+    return ++ticket_[index_of(channel)];
   }
-  uint32_t ticket(int channel) const { return ticket_[channel & 1]; }
+  uint32_t ticket(Channel channel) const { return ticket_[index_of(channel)]; }
 
   // Row `s` is used by the current batch of `channel`; `uses` carries its count over a swap.
-  void touch(int32_t s, int channel) {
-    pin_[channel & 1][s] = ticket_[channel & 1];
+  void touch(int32_t s, Channel channel) {
+    pin_[index_of(channel)][s] = ticket_[index_of(channel)];
     last_use_[s] = clock_;
     if (uses_[s] != UINT32_MAX) ++uses_[s];
   }
@@ -51,8 +53,8 @@ class Residency {
   }
   uint32_t uses(int32_t s) const { return uses_[s]; }
 
-  bool pinned(int32_t s, const uint32_t gathered[2]) const {
-    for (int c = 0; c < 2; ++c)
+  bool pinned(int32_t s, const uint32_t gathered[kChannels]) const {
+    for (int c = 0; c < kChannels; ++c)
       if (pin_[c][s] != 0 && pin_[c][s] >= gathered[c]) return true;
     return false;
   }
@@ -60,7 +62,7 @@ class Residency {
   // Up to `most` of the coldest unpinned rows among [0, n) that hold a key (into `out`); returns
   // how many were unpinned.
   template <typename Holds>
-  size_t coldest(int32_t n, Holds holds, size_t most, const uint32_t gathered[2], std::vector<int32_t>& out) {
+  size_t coldest(int32_t n, Holds holds, size_t most, const uint32_t gathered[kChannels], std::vector<int32_t>& out) {
     scored_.clear();
     for (int32_t s = 0; s < n; ++s)
       if (holds(s) && !pinned(s, gathered)) scored_.emplace_back(score(s), s);
@@ -77,9 +79,9 @@ class Residency {
   }
 
   SwapPolicy policy_ = SwapPolicy::kLfu;
-  uint32_t ticket_[2] = {0, 0};
+  uint32_t ticket_[kChannels] = {0, 0};
   uint32_t clock_ = 0;
-  std::vector<uint32_t> pin_[2];
+  std::vector<uint32_t> pin_[kChannels];
   std::vector<uint32_t> last_use_, uses_;
   std::vector<std::pair<uint64_t, int32_t>> scored_;
 };

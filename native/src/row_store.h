@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "channel.h"
+
 namespace shardrec {
 
 class CapacityError : public std::runtime_error {
@@ -212,16 +214,16 @@ class RowStore {
     draw(gen, out, dim_);
   }
 
-  // Batches whose rows a lookup kernel has read, per key-pipeline channel (0 train, 1 eval): the
+  // Batches whose rows a lookup kernel has read, per key-pipeline channel: the
   // op library's row gather reports each batch's ticket (embedding_index.h's pins). Once batch t
   // of a channel is read, the batches before it are done: the session ran their steps.
-  void note_gathered(int channel, uint32_t ticket) {
-    std::atomic<uint32_t>& g = gathered_[channel & 1];
+  void note_gathered(Channel channel, uint32_t ticket) {
+    std::atomic<uint32_t>& g = gathered_[index_of(channel)];
     uint32_t seen = g.load(std::memory_order_relaxed);
     while (ticket > seen && !g.compare_exchange_weak(seen, ticket, std::memory_order_release)) {
     }
   }
-  uint32_t gathered(int channel) const { return gathered_[channel & 1].load(std::memory_order_acquire); }
+  uint32_t gathered(Channel channel) const { return gathered_[index_of(channel)].load(std::memory_order_acquire); }
 
   // A table of fixed size takes TensorFlow's initial values as they are: the values column becomes
   // `values` (all rows() rows, owned by the caller until release(owner) is called), so that neither
@@ -358,7 +360,7 @@ class RowStore {
   int64_t* last_seen_ = nullptr;
   std::atomic<int64_t> in_use_{0};
   std::atomic<int> refs_{1};
-  std::atomic<uint32_t> gathered_[2] = {};
+  std::atomic<uint32_t> gathered_[kChannels] = {};
   uint64_t reuse_epoch_ = 0;
   Release release_values_ = nullptr;
   void* values_owner_ = nullptr;

@@ -89,7 +89,11 @@ template <typename Index>
 class VariableRowGatherOp : public OpKernel {
  public:
   explicit VariableRowGatherOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("channel", &channel_));
+    int64_t channel = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("channel", &channel));
+    OP_REQUIRES(ctx, channel == 0 || channel == 1,
+                InvalidArgument("channel must be 0 (train) or 1 (eval), got ", channel));
+    channel_ = static_cast<Channel>(channel);
   }
   void Compute(OpKernelContext* ctx) override {
     tensorflow::core::RefCountPtr<tensorflow::Var> var;
@@ -110,11 +114,11 @@ class VariableRowGatherOp : public OpKernel {
     const Tensor& ticket = ctx->input(2);
     const auto* column = dynamic_cast<const StoreColumnBuffer*>(tensorflow::DMAHelper::buffer(&table));
     if (column != nullptr && ticket.NumElements() == 1 && ticket.flat<int32_t>()(0) > 0)
-      column->store()->note_gathered(static_cast<int>(channel_), static_cast<uint32_t>(ticket.flat<int32_t>()(0)));
+      column->store()->note_gathered(channel_, static_cast<uint32_t>(ticket.flat<int32_t>()(0)));
   }
 
  private:
-  int64_t channel_ = 0;
+  Channel channel_ = Channel::kTrain;
 };
 
 }  // namespace

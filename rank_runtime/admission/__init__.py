@@ -1,4 +1,4 @@
-"""Feature admission and eviction (seed 002): which thresholds a table has, and EvictHook, which
+"""Feature admission and eviction (the user guide's "Model Adaptation"): which thresholds a table has, and EvictHook, which
 says when every rank evicts. The counting itself is the native core's (embedding_index.h, on the
 owner rank inside the key exchange); this room only configures it and triggers it."""
 from .evict_hook import EvictHook

@@ -1,4 +1,4 @@
-"""EvictHook: when every rank evicts (seed 002), in Session mode (MonitoredTrainingSession hooks)
+"""EvictHook: when every rank evicts (the user guide's "Model Adaptation"), in Session mode (MonitoredTrainingSession hooks)
 and in Estimator mode (train hooks).
 
 An eviction happens inside the training key exchange, in the same round on every rank, before the
@@ -22,6 +22,7 @@ import tensorflow as tf
 from .. import config
 from ..logs import get_logger
 from ..validation import INT32_MAX, check_bool, check_int
+from ..channel import Channel
 from ..world import get_world
 from .steps import follow_global_step
 
@@ -67,7 +68,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                         "nothing will be evicted", _OWNER)
             return
         step = follow_global_step(session, self._tables)
-        get_world().exchanges["train"].set_eviction(self.evict_step_interval or 0)
+        get_world().exchanges[Channel.TRAIN].set_eviction(self.evict_step_interval or 0)
         self._last = time.monotonic()
         log.info("eviction every %s for table(s) %s, from step %d", " or ".join(
             w for w in (self.evict_step_interval and f"{self.evict_step_interval} steps",
@@ -77,7 +78,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
     def end(self, session):
         # The channel outlives this graph (Estimator calls come and go): no schedule without the hook.
         if self._tables:
-            get_world().exchanges["train"].set_eviction(0)
+            get_world().exchanges[Channel.TRAIN].set_eviction(0)
 
     def before_run(self, run_context):
         if not self.evict_enable or not self._tables:
@@ -94,5 +95,5 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
             table.index.release_evicted(trained)
         if (self.evict_time_interval is not None and config.get_config().rank == 0
                 and time.monotonic() - self._last >= self.evict_time_interval):
-            get_world().exchanges["train"].request_eviction()
+            get_world().exchanges[Channel.TRAIN].request_eviction()
             self._last = time.monotonic()

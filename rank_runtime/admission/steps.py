@@ -7,25 +7,26 @@ batches (or that has none) keeps the count of the batches looked up, and saves t
 """
 import tensorflow as tf
 
+from ..channel import Channel
 from ..world import get_world
 
 
-def counts_keys(tables):
+def counts_keys(tables) -> bool:
     return any(t.thresholds is not None and t.thresholds.counts for t in tables)
 
 
-def follow_global_step(session, tables):
+def follow_global_step(session, tables) -> None:
     """Numbers the training batches from `session`'s global step, if the graph has one and some
     table counts keys. Returns the step, or None."""
     step = tf.compat.v1.train.get_global_step(session.graph)
     if step is None or not counts_keys(tables):
         return None
     value = int(session.run(step))
-    get_world().exchanges["train"].set_step(value)
+    get_world().exchanges[Channel.TRAIN].set_step(value)
     return value
 
 
-def step_of_save(step):
+def step_of_save(step: int | None) -> int | None:
     """The step a checkpoint's counts are taken back to: `step` when the batches are numbered by
     global step, else None (the index as it is)."""
-    return step if step is not None and get_world().exchanges["train"].step_follows_training else None
+    return step if step is not None and get_world().exchanges[Channel.TRAIN].step_follows_training else None

@@ -9,6 +9,7 @@ the keys whose last-seen data timestamp is at least e seconds older than the new
 """
 from dataclasses import dataclass
 
+from ..channel import Channel
 from ..row_store import row_init
 
 
@@ -52,15 +53,14 @@ def _apply(table, thresholds):
                              f"{thresholds.feature!r}) frees rows that later keys reuse with fresh initial values, "
                              f"drawn by the native core from emb_initializer; {e}") from None
         table.store.set_init(init.kind, init.a, init.b, init.seed & (2**64 - 1), float(table.init_param))
-    table.thresholds = thresholds
-    table.index.set_admission(thresholds.access, thresholds.eviction)
+    table.set_thresholds(thresholds)
 
 
-def configure_tables(tables, insert_functions):
+def configure_tables(tables: dict, insert_functions: list) -> None:
     """Sets every table's thresholds from the training features of `insert_functions`; a table
     that no training feature looks up keeps admission off."""
     for insert in insert_functions:
-        if insert.channel != "train":
+        if insert.channel != Channel.TRAIN:
             continue
         for spec in insert.specs:
             _apply(tables[spec.table_name], Thresholds.of_spec(spec))

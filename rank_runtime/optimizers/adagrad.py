@@ -13,7 +13,8 @@ class SparseAdagrad(SparseOptimizerMixin, tf.compat.v1.train.AdagradOptimizer):
                                                                indices, grad, lr)
 
 
-def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False, name="Adagrad"):
+def create_hash_optimizer(learning_rate: float = 0.001, initial_accumulator_value: float = 0.9, use_locking: bool = False,
+                          name: str = "Adagrad") -> "SparseAdagrad":
     owner = "adagrad.create_hash_optimizer"
     lr = check_learning_rate(owner, learning_rate)
     acc = check_number(owner, "initial_accumulator_value", initial_accumulator_value, 0, 1, lo_open=True)

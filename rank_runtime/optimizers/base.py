@@ -15,14 +15,8 @@ from tensorflow.python.ops import init_ops, init_ops_v2
 from tensorflow.python.training import optimizer as optimizer_lib
 
 from .. import config
-from ..table import SPARSE_TABLES_COLLECTION, EmbeddingTable, distinct_slot_refs, table_of_variable
+from ..table import SPARSE_TABLES_COLLECTION, EmbeddingTable, rows_are_distinct, table_of_variable
 from ..validation import check_number
-
-
-def _comes_from_one_lookup(indices):
-    """True when `indices` are the distinct slots of one sparse_lookup: the lookup's gather
-    gradient hands the pipeline's slot tensor over as it is (lookup.py)."""
-    return indices.ref() in distinct_slot_refs()
 
 
 def _scalar_initial_value(initializer, owner):
@@ -35,7 +29,7 @@ def _scalar_initial_value(initializer, owner):
     raise TypeError(f"{owner}: a sparse table's optimizer slot must start at a scalar constant, got {initializer!r}")
 
 
-def check_learning_rate(owner, learning_rate):
+def check_learning_rate(owner: str, learning_rate) -> float:
     return check_number(owner, "learning_rate", learning_rate, 0, 10)
 
 
@@ -83,8 +77,13 @@ class SparseOptimizerMixin:
         return named_slots[key]
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
-        if _comes_from_one_lookup(indices):
+        # The rows of one lookup are distinct (EmbeddingTable.mark_distinct_rows): no dedup.
+        if rows_are_distinct(indices):
             return self._resource_apply_sparse(grad, handle, indices, **kwargs)
+        return self._apply_repeated_rows(grad, handle, indices, **kwargs)
+
+    def _apply_repeated_rows(self, grad, handle, indices, **kwargs):
+        """A gradient summed over several lookups of a table: TensorFlow's dedup, then the update."""
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -92,7 +91,7 @@ class SparseOptimizerMixin:
         op = super().apply_gradients(pairs, global_step=global_step, name=name)
         for _, var in pairs:
             table = table_of_variable(var)
-            table.optimizers.add(self.get_name())
+            table.add_optimizer(self.get_name())
             for slot_name in sorted(self.get_slot_names()):
                 slot = self.get_slot(var, slot_name)
                 if slot is not None:

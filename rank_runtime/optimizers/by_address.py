@@ -1,4 +1,4 @@
-"""The Rec SDK's by-address optimizers (seed 002, dynamic capacity expansion): gradients are taken
+"""The Rec SDK's by-address optimizers (the user guide's "Model Adaptation": dynamic capacity expansion): gradients are taken
 of each lookup's local rows and applied to the rows at their addresses.
 
 With init(use_dynamic_expansion=True), every training lookup puts its local rows (the distinct
@@ -19,21 +19,21 @@ from .base import check_learning_rate
 from .gradient_descent import SparseGradientDescent
 from .lazy_adam import LazyAdam, check_adam_parameters
 
-def record_lookup(table, local_rows, addresses):
+def record_lookup(table, local_rows: tf.Tensor, addresses: tf.Tensor) -> None:
     """Called by sparse_lookup with dynamic expansion: files a lookup's rows and addresses."""
     from ..constants import ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 
     tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local_rows)
     tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
-    table.address_lookups[addresses.ref()] = local_rows
-    table.distinct_slot_tensors.add(addresses.ref())
+    table.record_address_lookup(addresses, local_rows)
 
 
 def _lookup_of(owner, addresses):
     if isinstance(addresses, tf.Tensor):
         for table in config.get_config().tables.values():
-            if addresses.ref() in table.address_lookups:
-                return table, table.address_lookups[addresses.ref()]
+            local_rows = table.local_rows_at(addresses)
+            if local_rows is not None:
+                return table, local_rows
     raise TypeError(f"{owner}: {addresses!r} is not an address tensor of a lookup; pass the tensors of "
                     f"tf.get_collection({ASCEND_SPARSE_LOOKUP_ID_OFFSET!r}), in the same order as their local rows")
 
@@ -91,14 +91,15 @@ class GradientDescentByAddr(_ByAddress, SparseGradientDescent):
         return grad + self._weight_decay * local_rows if self._weight_decay else grad
 
 
-def lazy_adam(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, name="LazyAdamByAddress"):
+def lazy_adam(learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
+              name: str = "LazyAdamByAddress"):
     owner = "lazy_adam_by_addr.create_hash_optimizer_by_address"
     _require_expansion(owner)
     lr, b1, b2, eps = check_adam_parameters(owner, learning_rate, beta1, beta2, epsilon)
     return LazyAdamByAddress(lr, beta1=b1, beta2=b2, epsilon=eps, name=name)
 
 
-def adagrad(learning_rate=0.001, initial_accumulator_value=0.9, name="Adagrad"):
+def adagrad(learning_rate: float = 0.001, initial_accumulator_value: float = 0.9, name: str = "Adagrad"):
     owner = "adagrad_by_addr.create_hash_optimizer_by_address"
     _require_expansion(owner)
     lr = check_learning_rate(owner, learning_rate)
@@ -106,7 +107,8 @@ def adagrad(learning_rate=0.001, initial_accumulator_value=0.9, name="Adagrad"):
     return AdagradByAddress(lr, initial_accumulator_value=acc, name=name)
 
 
-def gradient_descent(learning_rate, weight_decay=0.0001, use_locking=False, name="GradientDescentByAddr"):
+def gradient_descent(learning_rate: float, weight_decay: float = 0.0001, use_locking: bool = False,
+                     name: str = "GradientDescentByAddr"):
     owner = "gradient_descent_by_addr.create_hash_optimizer_by_addr"
     _require_expansion(owner)
     lr = check_learning_rate(owner, learning_rate)

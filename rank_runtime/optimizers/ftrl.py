@@ -23,9 +23,10 @@ class SparseFtrl(SparseOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
             tf.cast(self._adjusted_l2_regularization_strength_tensor, dtype), tf.cast(self._learning_rate_power_tensor, dtype))
 
 
-def create_hash_optimizer(learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
-                          l1_regularization_strength=0.0, l2_regularization_strength=0.0, use_locking=False,
-                          name="Ftrl"):
+def create_hash_optimizer(learning_rate: float = 0.001, learning_rate_power: float = -0.5,
+                          initial_accumulator_value: float = 0.1, l1_regularization_strength: float = 0.0,
+                          l2_regularization_strength: float = 0.0, use_locking: bool = False,
+                          name: str = "Ftrl") -> "SparseFtrl":
     owner = "ftrl.create_hash_optimizer"
     lr = check_learning_rate(owner, learning_rate)
     power = check_number(owner, "learning_rate_power", learning_rate_power, None, 0)

@@ -3,15 +3,13 @@ rows; a gradient with repeated rows (summed over lookups) is deduplicated first.
 import tensorflow as tf
 
 from .. import native_ops
-from .base import SparseOptimizerMixin, _comes_from_one_lookup, check_learning_rate
+from .base import SparseOptimizerMixin, check_learning_rate
 
 _SGD = tf.compat.v1.train.GradientDescentOptimizer
 
 
 class SparseGradientDescent(SparseOptimizerMixin, _SGD):
-    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
-        if _comes_from_one_lookup(indices):
-            return self._resource_apply_sparse(grad, handle, indices)
+    def _apply_repeated_rows(self, grad, handle, indices, **kwargs):
         # Repeated rows summed (TensorFlow's dedup), then the fused kernel, which leaves the
         # sentinel row alone (TensorFlow's scatter-add would move it).
         return tf.compat.v1.train.Optimizer._resource_apply_sparse_duplicate_indices(self, grad, handle, indices,
@@ -22,6 +20,7 @@ class SparseGradientDescent(SparseOptimizerMixin, _SGD):
         return native_ops.load().shardrec_sparse_apply_sgd(var.handle, indices, grad, lr)
 
 
-def create_hash_optimizer(learning_rate, use_locking=False, name="GradientDescent"):
+def create_hash_optimizer(learning_rate: float, use_locking: bool = False,
+                          name: str = "GradientDescent") -> SparseGradientDescent:
     lr = check_learning_rate("gradient_descent.create_hash_optimizer", learning_rate)
     return SparseGradientDescent(lr, use_locking=use_locking, name=name)

@@ -25,12 +25,12 @@ class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
                                                                  beta1, beta2, eps)
 
 
-def check_adam_parameters(owner, learning_rate, beta1, beta2, epsilon):
+def check_adam_parameters(owner: str, learning_rate, beta1, beta2, epsilon) -> tuple:
     return (check_learning_rate(owner, learning_rate), check_number(owner, "beta1", beta1, 0, 1, lo_open=True, hi_open=True),
             check_number(owner, "beta2", beta2, 0, 1), check_number(owner, "epsilon", epsilon, 0, 1, lo_open=True))
 
 
-def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, use_locking=False,
-                          name="LazyAdam"):
+def create_hash_optimizer(learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                          epsilon: float = 1e-8, use_locking: bool = False, name: str = "LazyAdam") -> "LazyAdam":
     lr, b1, b2, eps = check_adam_parameters("lazy_adam.create_hash_optimizer", learning_rate, beta1, beta2, epsilon)
     return LazyAdam(lr, beta1=b1, beta2=b2, epsilon=eps, use_locking=use_locking, name=name)

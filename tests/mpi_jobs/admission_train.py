@@ -36,6 +36,7 @@ from mx_rec.core.feature_process import EvictHook
 from mx_rec.optimizers.gradient_descent import create_hash_optimizer
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer
 from mx_rec.util.variable import get_dense_and_sparse_variable
+from shardrec.rank_runtime.channel import Channel
 from shardrec.rank_runtime.world import get_world
 
 GLOBAL_BATCH, IDS_PER_SAMPLE, DIM, STEPS = 48, 2, 4, 40
@@ -121,7 +122,7 @@ def main():
     train = tf.group(create_hash_optimizer(learning_rate=0.1).apply_gradients(zip(tf.gradients(loss, sparse), sparse)),
                      global_step.assign_add(1))
     start_asc_pipeline()
-    exchange = get_world().exchanges["train"]
+    exchange = get_world().exchanges[Channel.TRAIN]
     embs, evicted_at, rss, in_use = [], [], [], []
     if a.mode == "admit":
         sess = tf.compat.v1.Session()
@@ -135,13 +136,13 @@ def main():
                                                            log_step_count_steps=None)
         raw = sess._tf_sess()  # noqa: SLF001 - the export and eval below run outside the hooks
     for step in range(start, stop):
-        before = exchange.counters()["evictions"]
+        before = exchange.counters().evictions
         _, rows = sess.run([train, emb])
         if not churn:
             embs.append(rows)
-        if exchange.counters()["evictions"] != before:
+        if exchange.counters().evictions != before:
             # The step of the exchange that evicted: the input pipeline may run ahead of training.
-            evicted_at.append(exchange.counters()["last_eviction_step"])
+            evicted_at.append(exchange.counters().last_eviction_step)
             rss.append(psutil.Process().memory_info().rss)
             in_use.append(table.capacity())
         if a.mode == "evict_time" and step == SLEEP_AFTER:
@@ -154,15 +155,16 @@ def main():
     looked_up = exchange.step  # training steps whose batches the pipeline has looked up
     export = table.export(raw)
     counts, last_seen = table.index.read_metadata(table.index.export()[1])
-    pending = table.index.export_pending()
+    exported = table.index.export_pending()
+    pending = (exported.keys, exported.counts, exported.last_seen)
     eval_rows = None
     if a.mode == "admit":
         raw.run(eval_iterator.initializer)
         eval_rows = raw.run(eval_emb)
         after = table.index.read_metadata(table.index.export()[1])
         assert np.array_equal(after[0], counts) and np.array_equal(after[1], last_seen), "evaluation changed counts"
-        assert np.array_equal(table.index.export_pending()[1], pending[1]), "evaluation changed pending counts"
-    counters = table.counters()
+        assert np.array_equal(table.index.export_pending().counts, pending[1]), "evaluation changed pending counts"
+    counters = table.counters().as_dict()
     sess.close()
     np.savez(os.path.join(a.out, f"{tag}-rank{rank}.npz"), keys=export["keys"], values=export["values"],
              counts=counts, last_seen=last_seen, pending_keys=pending[0], pending_counts=pending[1],

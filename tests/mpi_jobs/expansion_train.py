@@ -87,7 +87,7 @@ def main(out_dir, mode):
         rows = table.export(sess)
     np.savez(os.path.join(out_dir, f"{mode}-rank{rank}.npz"), capacities=np.array(capacities),
              rss_start=rss_start, rss_end=rss_end, max_rows=table.max_rows(),
-             counters=np.array([table.counters()[k] for k in ("value_bytes", "slot_bytes", "metadata_bytes")]),
+             counters=np.array([table.counters().as_dict()[k] for k in ("value_bytes", "slot_bytes", "metadata_bytes")]),
              **rows)
     terminate_config_initializer()
 

@@ -1,7 +1,7 @@
 """Deterministic training over fixed global batches, each rank taking its slice of every global
 batch. Writes, per optimizer and rank, the keys this rank holds, their rows and the dense weights.
 
-    mpiexec -np N python oracle_train.py OUT_DIR [div|sum]
+    mpiexec -np N python oracle_train.py OUT_DIR [div|sum|div,sum]
 
 div (default): tables use all2all_gradients_op="sum_gradients_and_div_by_ranksize", each rank's
 loss is the mean over its slice, Horovod averages dense gradients. sum: the default
@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from shardrec.rank_runtime import (FeatureSpec, config, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+from shardrec.rank_runtime import (FeatureSpec, lifecycle, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                           get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline)
 
 GLOBAL_BATCH, STEPS, FIELDS, DIM, DENSE = 16, 40, 3, 4, 4
@@ -84,10 +84,12 @@ def train(opt_name, out_dir, mode):
     global_size = table.global_size()
     np.savez(os.path.join(out_dir, f"{mode}-{opt_name}-rank{rank}-of{size}.npz"), keys=keys, rows=rows[slots], w=w_value,
              steps=steps, global_size=global_size, local_size=table.size())
-    config.terminate_config_initializer()
+    lifecycle.terminate_config_initializer()
 
 
 if __name__ == "__main__":
     tf.compat.v1.disable_eager_execution()
-    for name in OPTIMIZERS:
-        train(name, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "div")
+    # Both modes in one job when asked: one start of MPI, TensorFlow and Horovod for both.
+    for mode in (sys.argv[2] if len(sys.argv) > 2 else "div").split(","):
+        for name in OPTIMIZERS:
+            train(name, sys.argv[1], mode)

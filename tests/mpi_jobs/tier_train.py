@@ -185,7 +185,7 @@ def main():
             peaks["peak_save"] = peak_since_reset(lambda: g["saver"].save(sess, a.save, global_step=a.start + len(losses)))
         export = {} if a.no_export else g["table"].export(sess)
         w = sess.run(g["w"])
-    counters = g["table"].counters()
+    counters = g["table"].counters().as_dict()
     files = g["table"].index.ssd_files()
     with open(os.path.join(a.out, f"{a.tag}-rank{rank}-of{size}.json"), "w") as f:
         json.dump({k: int(v) for k, v in counters.items()} | memory_status() | peaks | {"ssd_files": files}, f)

@@ -1,4 +1,4 @@
-// Open-addressing map from int64 key to int32 slot: two flat arrays, linear probing,
+// Open-addressing map from int64 key to int32 row (or any int32 place): two flat arrays, linear probing,
 // backward-shift deletion (no tombstones, so probe chains never degrade after eviction).
 // Load at most 3/4: 16 bytes per key at best, 21 at worst, for short probe runs with mix_key.
 #pragma once
@@ -18,42 +18,42 @@ inline uint64_t mix_key(int64_t key) {
   return z ^ (z >> 31);
 }
 
-class KeySlotMap {
+class KeyRowMap {
  public:
   static constexpr int32_t kEmpty = -1;
 
-  explicit KeySlotMap(size_t expected = 16) { rehash(bucket_count_for(expected)); }
+  explicit KeyRowMap(size_t expected = 16) { rehash(bucket_count_for(expected)); }
 
   size_t size() const { return size_; }
   size_t bucket_count() const { return keys_.size(); }
   size_t memory_bytes() const {
-    return keys_.capacity() * sizeof(int64_t) + slots_.capacity() * sizeof(int32_t);
+    return keys_.capacity() * sizeof(int64_t) + rows_.capacity() * sizeof(int32_t);
   }
 
-  // Returns the slot of `key`, or kEmpty.
+  // Returns the row of `key`, or kEmpty.
   int32_t find(int64_t key) const {
     for (size_t i = mix_key(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i] == kEmpty) return kEmpty;
-      if (keys_[i] == key) return slots_[i];
+      if (rows_[i] == kEmpty) return kEmpty;
+      if (keys_[i] == key) return rows_[i];
     }
   }
 
   // Returns the bucket holding `key`, or the empty bucket where it would go.
   size_t probe(int64_t key) const {
     size_t i = mix_key(key) & mask_;
-    while (slots_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
+    while (rows_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
     return i;
   }
-  bool occupied(size_t bucket) const { return slots_[bucket] != kEmpty; }
+  bool occupied(size_t bucket) const { return rows_[bucket] != kEmpty; }
   // Brings `key`'s home bucket into cache ahead of a probe.
   void prefetch(int64_t key) const {
     const size_t i = mix_key(key) & mask_;
     __builtin_prefetch(&keys_[i]);
-    __builtin_prefetch(&slots_[i]);
+    __builtin_prefetch(&rows_[i]);
   }
-  int32_t slot_at(size_t bucket) const { return slots_[bucket]; }
-  // Points an occupied bucket's key at another slot.
-  void set_slot_at(size_t bucket, int32_t slot) { slots_[bucket] = slot; }
+  int32_t row_at(size_t bucket) const { return rows_[bucket]; }
+  // Points an occupied bucket's key at another row.
+  void set_row_at(size_t bucket, int32_t row) { rows_[bucket] = row; }
   int64_t key_at(size_t bucket) const { return keys_[bucket]; }
 
   // Room for `n` keys without growing (never shrinks).
@@ -62,45 +62,45 @@ class KeySlotMap {
     if (buckets > keys_.size()) rehash(buckets);
   }
 
-  // Stores key→slot in the empty bucket found by probe(); may grow, which moves buckets.
-  void insert_at(size_t bucket, int64_t key, int32_t slot) {
+  // Stores key→row in the empty bucket found by probe(); may grow, which moves buckets.
+  void insert_at(size_t bucket, int64_t key, int32_t row) {
     keys_[bucket] = key;
-    slots_[bucket] = slot;
+    rows_[bucket] = row;
     if (++size_ * 4 > keys_.size() * 3) rehash(keys_.size() * 2);
   }
 
-  // Removes `key`; returns its slot or kEmpty.
+  // Removes `key`; returns its row or kEmpty.
   int32_t erase(int64_t key) {
     size_t i = probe(key);
-    if (slots_[i] == kEmpty) return kEmpty;
-    const int32_t slot = slots_[i];
+    if (rows_[i] == kEmpty) return kEmpty;
+    const int32_t row = rows_[i];
     // Backward shift: pull later entries of the same probe run into the hole.
     size_t hole = i;
-    for (size_t j = (i + 1) & mask_; slots_[j] != kEmpty; j = (j + 1) & mask_) {
+    for (size_t j = (i + 1) & mask_; rows_[j] != kEmpty; j = (j + 1) & mask_) {
       const size_t home = mix_key(keys_[j]) & mask_;
       // Move j into the hole unless its home lies cyclically in (hole, j].
       const bool home_after_hole = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
       if (!home_after_hole) {
         keys_[hole] = keys_[j];
-        slots_[hole] = slots_[j];
+        rows_[hole] = rows_[j];
         hole = j;
       }
     }
-    slots_[hole] = kEmpty;
+    rows_[hole] = kEmpty;
     --size_;
-    return slot;
+    return row;
   }
 
   // Forgets every key, keeping the buckets.
   void clear() {
-    std::fill(slots_.begin(), slots_.end(), kEmpty);
+    std::fill(rows_.begin(), rows_.end(), kEmpty);
     size_ = 0;
   }
 
   template <typename F>
   void for_each(F&& f) const {
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i] != kEmpty) f(keys_[i], slots_[i]);
+    for (size_t i = 0; i < rows_.size(); ++i)
+      if (rows_[i] != kEmpty) f(keys_[i], rows_[i]);
   }
 
  private:
@@ -112,20 +112,20 @@ class KeySlotMap {
 
   void rehash(size_t buckets) {
     std::vector<int64_t> old_keys(buckets);
-    std::vector<int32_t> old_slots(buckets, kEmpty);
+    std::vector<int32_t> old_rows(buckets, kEmpty);
     old_keys.swap(keys_);
-    old_slots.swap(slots_);
+    old_rows.swap(rows_);
     mask_ = buckets - 1;
-    for (size_t i = 0; i < old_slots.size(); ++i) {
-      if (old_slots[i] == kEmpty) continue;
+    for (size_t i = 0; i < old_rows.size(); ++i) {
+      if (old_rows[i] == kEmpty) continue;
       const size_t b = probe(old_keys[i]);
       keys_[b] = old_keys[i];
-      slots_[b] = old_slots[i];
+      rows_[b] = old_rows[i];
     }
   }
 
   std::vector<int64_t> keys_;
-  std::vector<int32_t> slots_;
+  std::vector<int32_t> rows_;
   size_t mask_ = 0;
   size_t size_ = 0;
 };

@@ -1,0 +1,51 @@
+"""Every piece of process-wide state of a rank, in one place (as Horovod keeps its global state in
+one struct): what init() was given, the world and its communicators, what was patched and loaded
+into TensorFlow, what the heartbeat and the logs carry. Everything else in `rank_runtime/` is
+per graph (config.GraphState) or per object.
+
+This module imports nothing of shardrec, so any module may read it; each field says which module
+owns (writes) it. Tests and terminate_config_initializer() reset what they own.
+"""
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class HeartbeatState:
+    """heartbeat.py's: the next beat (a heartbeat_format.Heartbeat, set by start()), when the last
+    was written, the tables watched."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    beat: Any = None
+    written: float = 0.0
+    fd: Optional[int] = None
+    tables: dict = field(default_factory=dict)
+    # What the last progress beat read of the tables (the ticker repeats it).
+    sizes: dict = field(default_factory=dict)
+    admission: dict = field(default_factory=dict)
+    tiers: dict = field(default_factory=dict)
+
+
+@dataclass
+class ProcessState:
+    # config.py / lifecycle.py: the RuntimeConfig of the running init(), None before and after.
+    config: Any = None
+    terminate_registered: bool = False
+    # world.py: the World (MPI, Horovod, the communicators), made by the first init().
+    world: Any = None
+    # tf_patches.py: TensorFlow's classes and functions were patched (once per process), and
+    # TensorFlow's own get_checkpoint_state that saver.get_checkpoint_state falls back on.
+    tensorflow_patched: bool = False
+    tf_get_checkpoint_state: Optional[Callable] = None
+    # native_ops.py: the op libraries loaded, by path.
+    op_libraries: dict = field(default_factory=dict)
+    # logs.py: what every log line starts with, and the warnings already given once.
+    rank_text: str = "rank 0/1"
+    warned: set = field(default_factory=set)
+    # exit_hooks.py: the statuses sys.exit was called with; whether its hooks are installed.
+    exit_statuses: list = field(default_factory=list)
+    exit_hooks_installed: bool = False
+    heartbeat: HeartbeatState = field(default_factory=HeartbeatState)
+
+
+STATE = ProcessState()
