@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from . import config, native_ops
 from .logs import get_logger, warn_once
@@ -29,6 +30,9 @@ SPARSE_TABLES_COLLECTION = "SHARDREC_SPARSE_TABLES"
 SPARSE_SLOTS_COLLECTION = "SHARDREC_SPARSE_SLOTS"
 MAX_LOOKUPS_PER_TABLE = 128
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]{1,100}")
+# The node attribute that lists which outputs of an op are distinct rows of a table (an internal
+# attribute: TensorFlow keeps those beginning with '_' on a node and ignores them in its kernels).
+DISTINCT_ROWS_ATTR = "_shardrec_distinct_rows"
 _GRADIENT_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
 
 
@@ -67,8 +71,6 @@ class EmbeddingTable:
             # At exit too: a clean shutdown leaves nothing under ssd_data_path (checkpoints hold every row).
             weakref.finalize(self, ssd.close)
         self.lookup_count = 0
-        # Row tensors whose values are distinct rows of this table (see optimizers/base.py), as refs.
-        self._distinct_rows = set()
         # With dynamic expansion: a lookup's address tensor (ref) -> its local rows (by_address.py).
         self._address_lookups = {}
         self._init_ops = None
@@ -91,11 +93,13 @@ class EmbeddingTable:
     def mark_distinct_rows(self, rows: tf.Tensor) -> None:
         """`rows` (a lookup's rows of this table, int32 or int64) holds each row once: a gradient over
         them goes to the fused update with no dedup. The key pipeline dedups a batch's rows on the
-        owner, and the lookup's gather hands this very tensor to the gradient as its indices."""
-        self._distinct_rows.add(rows.ref())
-
-    def has_distinct_rows(self, indices: tf.Tensor) -> bool:
-        return indices.ref() in self._distinct_rows
+        owner, and the lookup's gather hands this very tensor to the gradient as its indices. Said
+        on the op that makes `rows` (DISTINCT_ROWS_ATTR), so that it travels with the graph: copies
+        of the graph (graph modification makes one), exports and imports keep it."""
+        known = _distinct_outputs(rows.op)
+        if rows.value_index not in known:
+            value = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(i=known + [rows.value_index]))
+            rows.op._set_attr(DISTINCT_ROWS_ATTR, value)  # noqa: SLF001 - TensorFlow's way to set a node attribute
 
     def record_address_lookup(self, addresses: tf.Tensor, local_rows: tf.Tensor) -> None:
         """A lookup's addresses (int64 rows of the store) and the local rows read there (by_address.py)."""
@@ -317,11 +321,16 @@ def table_of_variable(variable) -> "EmbeddingTable | None":
     return None
 
 
+def _distinct_outputs(op) -> list:
+    try:
+        return list(op.get_attr(DISTINCT_ROWS_ATTR))
+    except ValueError:
+        return []
+
+
 def rows_are_distinct(indices: tf.Tensor) -> bool:
-    """Whether `indices` are the distinct rows of one lookup of some table (mark_distinct_rows)."""
-    if not config.is_initialized():
-        return False
-    return any(table.has_distinct_rows(indices) for table in config.get_config().tables.values())
+    """Whether `indices` are the distinct rows of one lookup of a table (mark_distinct_rows)."""
+    return isinstance(indices, tf.Tensor) and indices.value_index in _distinct_outputs(indices.op)
 
 
 class TableInitOps:

@@ -160,6 +160,26 @@ def test_only_a_gradient_summed_over_lookups_goes_through_tensorflow_dedup(graph
     assert ("Unique" in added) == deduped, added
 
 
+def test_a_lookups_rows_stay_distinct_in_a_copy_of_the_graph(graph):
+    """Distinctness is said on the op that makes a lookup's rows, not remembered by tensor: a graph
+    imported from this one's GraphDef (as graph modification and meta-graph exports make) still
+    knows the gradient's rows are distinct, and a tensor of the same op that is not the rows does not."""
+    from shardrec.rank_runtime.table import rows_are_distinct
+
+    lifecycle.init()
+    spec = FeatureSpec("a", table_name="emb")
+    _, batch = batched_iterator({"a": np.arange(8).reshape(4, 2)}, 2, [spec])
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.zeros_initializer(), device_vocabulary_size=100)
+    [grad] = tf.gradients(tf.reduce_sum(sparse_lookup(table, spec, batch=batch)), [table.variable])
+    rows = grad.indices
+    assert rows_are_distinct(rows) and not rows_are_distinct(batch["a"])
+    copy = tf.Graph()
+    with copy.as_default():
+        tf.import_graph_def(graph.as_graph_def(), name="")
+    assert rows_are_distinct(copy.get_tensor_by_name(rows.name))
+    assert not rows_are_distinct(copy.get_tensor_by_name(batch["a"].name))
+
+
 def test_a_missing_or_foreign_op_library_says_to_run_the_set_up(tmp_path, graph):
     from shardrec.rank_runtime import native_ops
 
