@@ -166,3 +166,12 @@ def test_float_keys_are_rejected():
     exchange = new_exchange()
     with pytest.raises(TypeError, match="feature 'f': ids must be int32 or int64"):
         exchange.run(one_feature(index), [np.array([1.5])], True)
+
+
+def test_a_channel_that_is_neither_train_nor_eval_is_refused():
+    index = native.EmbeddingIndex("t", 10)
+    with pytest.raises(ValueError, match=r"channel must be Channel.TRAIN \(0\) or Channel.EVAL \(1\), got 5"):
+        index.begin_batch(5)
+    with pytest.raises(ValueError, match="got 2"):
+        new_exchange(2)
+    assert index.begin_batch(native.Channel.EVAL) == 1

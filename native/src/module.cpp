@@ -40,10 +40,20 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
 
 // A vector handed over to numpy without a copy: a checkpoint's rows may be most of the memory.
 template <typename T>
-py::array_t<T> hand_over(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+py::array_t<T> hand_over(std::vector<T>&& v, std::vector<py::ssize_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<py::ssize_t>(v.size())};
   auto* owned = new std::vector<T>(std::move(v));
   py::capsule release(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
   return py::array_t<T>(shape, owned->data(), release);
+}
+
+// A channel from Python: pybind11 makes an enum from any int (and rank_runtime passes its IntEnum),
+// so the value is checked before it indexes anything.
+Channel checked(Channel c) {
+  if (c != Channel::kTrain && c != Channel::kEval)
+    throw std::invalid_argument("channel must be Channel.TRAIN (0) or Channel.EVAL (1), got " +
+                                std::to_string(static_cast<int>(c)));
+  return c;
 }
 
 // The common length of three arrays that go together, or an error naming them.
@@ -110,16 +120,29 @@ void bind_values(py::module_& m) {
       .def_readonly("pending", &shardrec::IndexState::pending)
       .def_readonly("newest", &shardrec::IndexState::newest, "the newest data timestamp (-1: none)")
       .def_readonly("exact", &shardrec::IndexState::exact, "False: the journal no longer reached back to the step");
+}
 
-  py::class_<shardrec::FeatureRouting>(m, "FeatureRouting",
-                                       "One feature's exchange result for one batch (rank_runtime/routing.py).")
-      .def_property_readonly("rows", [](const shardrec::FeatureRouting& r) { return to_numpy(r.rows); })
-      .def_property_readonly("expand", [](const shardrec::FeatureRouting& r) { return to_numpy(r.expand); })
-      .def_property_readonly("recv_splits", [](const shardrec::FeatureRouting& r) { return to_numpy(r.recv_splits); })
-      .def_property_readonly("restore", [](const shardrec::FeatureRouting& r) { return to_numpy(r.restore); })
-      .def_property_readonly("ticket", [](const shardrec::FeatureRouting& r) {
-        return to_numpy(std::vector<int32_t>{r.ticket});
-      });
+// One feature's routing as Python sees it: the native vectors handed over to numpy, not copied
+// (the key pipeline files them into the dataset element once per batch).
+struct RoutingArrays {
+  py::array_t<int32_t> rows, expand, recv_splits, restore, ticket;
+
+  explicit RoutingArrays(shardrec::FeatureRouting&& r)
+      : rows(hand_over(std::move(r.rows))),
+        expand(hand_over(std::move(r.expand))),
+        recv_splits(hand_over(std::move(r.recv_splits))),
+        restore(hand_over(std::move(r.restore))),
+        ticket(hand_over(std::vector<int32_t>{r.ticket})) {}
+};
+
+void bind_routing(py::module_& m) {
+  py::class_<RoutingArrays>(m, "FeatureRouting",
+                            "One feature's exchange result for one batch (key_exchange.h, rank_runtime/routing.py).")
+      .def_readonly("rows", &RoutingArrays::rows, "The distinct local rows this rank gathers for its requesters.")
+      .def_readonly("expand", &RoutingArrays::expand, "Per received key, its row among `rows` (empty: identity).")
+      .def_readonly("recv_splits", &RoutingArrays::recv_splits, "Rows going out to each requester.")
+      .def_readonly("restore", &RoutingArrays::restore, "Per id of the batch: its row among those that come back.")
+      .def_readonly("ticket", &RoutingArrays::ticket, "[1]: the batch's ticket on the feature's table.");
 }
 
 // ---- batch dedup and ownership
@@ -214,7 +237,9 @@ void bind_row_store(py::module_& m) {
             store.write_rows(c, rows.data(), rows.size(), values.data());
           },
           py::arg("column"), py::arg("rows"), py::arg("values"))
-      .def("note_gathered", &RowStore::note_gathered, py::arg("channel"), py::arg("ticket"),
+      .def(
+          "note_gathered", [](RowStore& s, Channel c, uint32_t ticket) { s.note_gathered(checked(c), ticket); },
+          py::arg("channel"), py::arg("ticket"),
            "Batch `ticket` of `channel` was read (what the lookup's row gather reports).");
 }
 
@@ -259,7 +284,9 @@ void bind_index_keys(py::class_<EmbeddingIndex>& c) {
             index.clear();
           },
           "Forgets every key (the map keeps room for the whole shard).")
-      .def("begin_batch", &EmbeddingIndex::begin_batch, py::arg("channel"), "A new batch of `channel`; its ticket.")
+      .def(
+          "begin_batch", [](EmbeddingIndex& index, Channel c) { return index.begin_batch(checked(c)); },
+          py::arg("channel"), "A new batch of `channel`; its ticket.")
       .def("export", [](const EmbeddingIndex& index) {
         std::vector<int64_t> keys;
         std::vector<int32_t> rows;
@@ -490,8 +517,18 @@ void bind_feature_set(py::module_& m) {
 // this batch) and, per feature, its routing (an empty one, shaped for the batch, at the end).
 struct ExchangeResult {
   bool ended = false;
-  std::vector<shardrec::FeatureRouting> features;
+  std::vector<RoutingArrays> features;
 };
+
+// The ids of one feature as an array (any array-like is converted), or an error naming the feature.
+py::array feature_ids(const FeatureSet& fs, size_t f, py::handle keys) {
+  py::array a = py::array::ensure(keys, py::array::c_style);
+  if (!a) {
+    PyErr_Clear();
+    throw py::type_error("feature '" + fs.features[f].name + "': ids must be an int32 or int64 array");
+  }
+  return a;
+}
 
 ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
                             py::object timestamps) {
@@ -511,31 +548,29 @@ ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::lis
   std::vector<py::array> arrays;
   std::vector<shardrec::RouterInput> in;
   for (size_t f = 0; f < nf; ++f) {
-    py::array a = py::reinterpret_borrow<py::array>(keys[f]);
-    if (!has_data) {
-      arrays.push_back(a);
-      continue;
-    }
+    arrays.push_back(feature_ids(fs, f, keys[f]));
+    if (!has_data) continue;
+    const py::array& a = arrays.back();
     const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
     if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
       throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
                            std::string(py::str(a.dtype())));
-    if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
     in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
-    arrays.push_back(a);
   }
+  std::vector<shardrec::FeatureRouting> out;
   ExchangeResult result;
   {
     py::gil_scoped_release nogil;
-    result.ended = !ex.run(fs, in, has_data, result.features, ts);
+    result.ended = !ex.run(fs, in, has_data, out, ts);
   }
   if (result.ended) {
-    result.features.assign(nf, shardrec::FeatureRouting{});
+    out.assign(nf, shardrec::FeatureRouting{});
     for (size_t f = 0; f < nf; ++f) {
-      result.features[f].recv_splits.assign(static_cast<size_t>(ex.world()), 0);
-      result.features[f].restore.assign(static_cast<size_t>(arrays[f].size()), 0);
+      out[f].recv_splits.assign(static_cast<size_t>(ex.world()), 0);
+      out[f].restore.assign(static_cast<size_t>(arrays[f].size()), 0);
     }
   }
+  for (auto& r : out) result.features.emplace_back(std::move(r));
   return result;
 }
 
@@ -548,7 +583,7 @@ void bind_key_exchange(py::module_& m) {
              MPI_Comm* c = PyMPIComm_Get(comm.ptr());
              if (c == nullptr) throw py::error_already_set();
              if (!(timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
-             return new KeyExchange(*c, channel, timeout_s);
+             return new KeyExchange(*c, checked(channel), timeout_s);
            }),
            py::arg("comm"), py::arg("channel"), py::arg("timeout_s"), py::keep_alive<1, 2>(),
            "The exchange of `channel` on `comm` (an mpi4py communicator of its own); every round waits at most "
@@ -610,6 +645,7 @@ PYBIND11_MODULE(core, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
   bind_errors(m);
   bind_values(m);
+  bind_routing(m);
   bind_functions(m);
   bind_row_store(m);
   bind_embedding_index(m);
