@@ -287,29 +287,32 @@ def memory(short):
 
 
 def scaling(short, repeats):
-    """A core per rank: 1 rank pinned to 1 core against 2 ranks pinned to a core each, one
-    TensorFlow thread per pool in both; efficiency = 2-rank aggregate / (2 x 1-rank)."""
+    """A core per rank (bench/scaling.py): 1 rank pinned to 1 core against 2 ranks pinned to a core
+    each, alternating, medians of 3 rounds (1 in the short mode); efficiency = 2-rank aggregate /
+    (2 x 1-rank), with each rank's step timeline."""
     size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
-    cmd = [sys.executable, "bench/sparse_step.py", "--peer", "shardrec", "--dim", "16", "--optimizer", "lazy_adam",
-           "--trace-steps", "5"] + size
-    results = {}
-    for ranks in (1, 2):
-        samples = []
-        for _ in range(repeats):
-            log(f"scaling: shardrec sparse step, {ranks} rank(s) pinned to a core each")
-            samples.append(json_line(run(cmd, ranks=ranks, bind_to_core=True)))
-        results[ranks] = {k: statistics.median(s[k] for s in samples)
-                          for k in ("ids_per_s", "key_exchange_share", "key_collectives_share", "row_exchange_share")}
-    one, two = results[1], results[2]
-    efficiency = two["ids_per_s"] / (2 * one["ids_per_s"])
-    return [{"workload": "scaling", "dim": 16, "optimizer": "lazy_adam", "ranks": 2,
-             "peer": "2 x shardrec 1 rank on 1 core", "unit": "ids/s (aggregate)", "shardrec": two["ids_per_s"],
-             "peer_value": 2 * one["ids_per_s"],
-             "note": f"efficiency {efficiency:.2f}; per step at 1 / 2 ranks: row all-to-all in flight "
-                     f"{100 * one['row_exchange_share']:.0f}% / {100 * two['row_exchange_share']:.0f}%, key exchange "
-                     f"{100 * one['key_exchange_share']:.0f}% / {100 * two['key_exchange_share']:.0f}% of wall time "
-                     f"(in MPI {100 * one['key_collectives_share']:.0f}% / {100 * two['key_collectives_share']:.0f}%)",
-             "efficiency": efficiency, "one_rank": one, "two_ranks": two}]
+    settings = [(16, "lazy_adam")] if short else [(16, "lazy_adam"), (128, "lazy_adam"), (16, "sgd")]
+    rows = []
+    for dim, optimizer in settings:
+        log(f"scaling: dim {dim} {optimizer}, 1 rank on 1 core against 2 ranks on a core each")
+        out = json_line(run([sys.executable, "bench/scaling.py", "--rounds", "1" if short else "3", "--dim", str(dim),
+                             "--optimizer", optimizer] + size))
+        one, two = out["timeline"]["one_rank"][0], out["timeline"]["many_ranks"]
+        waits = statistics.mean(sum(v for k, v in t["split_ms"].items() if k.startswith("waiting for a rank"))
+                                for t in two)
+        moving = statistics.mean(sum(v for k, v in t["split_ms"].items() if k.startswith("moving rows")) for t in two)
+        rows.append({"workload": "scaling", "dim": dim, "optimizer": optimizer, "ranks": 2,
+                     "peer": "2 x shardrec 1 rank on 1 core", "unit": "ids/s (aggregate)",
+                     "shardrec": out["many_ranks"], "peer_value": 2 * out["one_rank"],
+                     "note": f"efficiency {out['efficiency']:.2f} (rounds: "
+                             f"{', '.join(f'{b / (2 * a):.2f}' for a, b in out['rounds'])}); ms per step at 1 / 2 "
+                             f"ranks: wall {one['step_ms']:.1f} / {statistics.mean(t['step_ms'] for t in two):.1f}, "
+                             f"CPU {one['cpu_ms']:.1f} / {statistics.mean(t['cpu_ms'] for t in two):.1f}, compute "
+                             f"{one['split_ms']['compute']:.1f} / "
+                             f"{statistics.mean(t['split_ms']['compute'] for t in two):.1f}; at 2 ranks waiting for a "
+                             f"rank {waits:.1f}, moving rows {moving:.1f} (`python bench/scaling.py`)",
+                     "efficiency": out["efficiency"], "timeline": out["timeline"], "rounds": out["rounds"]})
+    return rows
 
 
 def exchange_only(short):

@@ -43,6 +43,9 @@ def main(argv=None):
     p.add_argument("--ssd-path", default=None, help="with --memory-fraction: where the SSD files go (default: /tmp)")
     p.add_argument("--trace-steps", type=int, default=0,
                    help="shardrec: traced steps after the timed ones, for the row all-to-all's share of a step")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="shardrec: N traced steps after the timed ones, split into compute, waits for each exchange, "
+                        "moving rows and the key pipeline (rank_runtime/step_profile.py); printed by rank 0")
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
 
@@ -80,7 +83,7 @@ def main(argv=None):
         per_window = max(1, args.steps // args.windows)
         rates = []
         tiers_before = _tier_counters(args)
-        exchange_before, timed_start = _exchange_counters(args.peer), time.perf_counter()
+        exchange_before, timed_start, cpu_start = _exchange_counters(args.peer), time.perf_counter(), time.process_time()
         for _ in range(args.windows):
             start = time.perf_counter()
             for _ in range(per_window):
@@ -90,11 +93,23 @@ def main(argv=None):
             # The key exchange runs in the dataset's thread, ahead of the steps (prefetch): its share
             # of the timed wall time, and the part of it spent waiting in MPI.
             wall, after = time.perf_counter() - timed_start, _exchange_counters(args.peer)
+            cpu = time.process_time() - cpu_start
             shares["key_exchange_share"] = (after.seconds_total - exchange_before.seconds_total) / wall
             shares["key_collectives_share"] = (after.seconds_in_collectives -
                                                exchange_before.seconds_in_collectives) / wall
             if tiers_before:
                 shares["tiers"] = _tier_summary(tiers_before, _tier_counters(args), per_window * args.windows, wall)
+        if args.timeline:
+            from shardrec.rank_runtime.step_profile import StepTimeline
+
+            timeline = StepTimeline()
+            for _ in range(args.timeline):
+                timeline.run(sess, op)
+            steps = per_window * args.windows
+            report = timeline.report(exchange_before, after, wall / steps, cpu / steps)
+            shares["timeline"] = list(report.ranks)
+            if rank == 0:
+                print(report.format(), file=sys.stderr, flush=True)
         if args.trace_steps:
             from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options
 

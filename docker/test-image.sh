@@ -136,6 +136,7 @@ run --name "$tag-h1" --network "ns:/run/netns/$tag-h1" --hostname "$tag-h1" "${h
   -e SHARDREC_DEMO_ARGS="--steps 120 $demo_args" "$image" demo -H "$tag-h1:1,$tag-h2:1" --max-restarts 0 \
   --mpiexec-arg=--mca --mpiexec-arg=btl_tcp_if_include --mpiexec-arg="$subnet.0/24" \
   --mpiexec-arg=--mca --mpiexec-arg=oob_tcp_if_include --mpiexec-arg="$subnet.0/24" \
+  --mpiexec-arg=--bind-to --mpiexec-arg=none \
   > "$work/run3.log" 2>&1 || { tail -40 "$work/run3.log"; pm logs "$tag-h2" 2>&1 | tail -10; fail "run 3"; }
 grep -q "SUMMARY rank=0/2 steps=120 resumed_from=0" "$work/run3.log" || fail "run 3 did not end at step 120"
 hosts_seen=$(hosts_of "$work/two-hosts")

@@ -13,6 +13,7 @@ Each rank reads its own shard of the data; tables are sharded over the ranks; de
 are averaged with Horovod's allreduce (the one line a Rec SDK script changes: HCCL -> Horovod).
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -33,7 +34,7 @@ from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_c
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 from shardrec.rank_runtime import report, resume_checkpoint  # noqa: E402
 from shardrec.rank_runtime.logs import get_logger  # noqa: E402
-from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options  # noqa: E402
+from shardrec.rank_runtime.step_profile import StepTimeline, row_exchange_share, traced_run_options  # noqa: E402
 from shardrec.rank_runtime.channel import Channel  # noqa: E402
 from shardrec.rank_runtime.world import get_world  # noqa: E402
 
@@ -57,8 +58,9 @@ def parse_args(argv=None):
                    help="steps before the throughput clock starts (session start, table initialisation, first "
                         "batches excluded)")
     p.add_argument("--trace-steps", type=int, default=0,
-                   help="trace the last N steps to report the row all-to-all's share of step time "
-                        "(traced steps are left out of samples/s)")
+                   help="trace the last N steps: the row all-to-all's share of step time, and rank 0 prints the "
+                        "step timeline of every rank (compute, waits for each exchange, moving rows, the key "
+                        "pipeline; rank_runtime/step_profile.py). Traced steps are left out of samples/s")
     return p.parse_args(argv)
 
 
@@ -190,18 +192,19 @@ def main(argv=None):
         warmup = start + min(args.warmup_steps, max(0, args.steps - start - args.trace_steps - 1))
         timed_end = args.steps - args.trace_steps
         clock = {}
-        shares = []
+        shares, timeline = [], StepTimeline()
         exchange = get_world().exchanges[Channel.TRAIN]
         for step in range(start + 1, args.steps + 1):
             if step == warmup + 1:
-                clock["start"], clock["exchange"] = time.time(), exchange.counters()
+                clock["start"], clock["exchange"], clock["cpu"] = time.time(), exchange.counters(), time.process_time()
             if step == timed_end + 1:
-                clock["end"], clock["exchange_end"] = time.time(), exchange.counters()
+                clock["end"], clock["exchange_end"], clock["cpu_end"] = time.time(), exchange.counters(), time.process_time()
             try:
                 if step > timed_end:
                     metadata = tf.compat.v1.RunMetadata()
                     _, loss = sess.run([train_op, train_loss], options=traced_run_options(), run_metadata=metadata)
                     shares.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
+                    timeline.record(metadata)
                 else:
                     _, loss = sess.run([train_op, train_loss])
             except tf.errors.OutOfRangeError:
@@ -218,15 +221,22 @@ def main(argv=None):
                 log.info("step %d/%d  loss %.4f  %.0f samples/s", step, args.steps, np.mean(losses[-window_steps:]), rate)
                 window_start, window_steps = time.time(), 0
         if "end" not in clock:
-            clock["end"], clock["exchange_end"] = time.time(), exchange.counters()
+            clock["end"], clock["exchange_end"], clock["cpu_end"] = time.time(), exchange.counters(), time.process_time()
         if "start" not in clock:  # the data ended during the warm-up
-            clock["start"], clock["exchange"] = clock["end"], clock["exchange_end"]
+            clock["start"], clock["exchange"], clock["cpu"] = clock["end"], clock["exchange_end"], clock["cpu_end"]
         timed_steps = max(0, min(step, timed_end) - warmup)
         if not losses:
             losses = [float("nan")]  # resumed at the last step: nothing left to train
         train_seconds = clock["end"] - clock["start"]
         exchange_s = clock["exchange_end"].seconds_total - clock["exchange"].seconds_total
         collectives_s = clock["exchange_end"].seconds_in_collectives - clock["exchange"].seconds_in_collectives
+        if shares:
+            n = max(1, timed_steps)
+            split = timeline.report(clock["exchange"], clock["exchange_end"], train_seconds / n,
+                                    (clock["cpu_end"] - clock["cpu"]) / n)
+            if rank == 0:
+                log.info("step timeline of the last %d steps, every rank:\n%s", len(shares), split.format())
+                print("TIMELINE " + json.dumps(list(split.ranks)), flush=True)
         path = saver.save(sess, ckpt_prefix, global_step=step) if step > start else resume
         auc = evaluate(sess)
     sizes = ", ".join(f"{t.table_name}={t.size()}/{t.global_size()}" for t in tables)

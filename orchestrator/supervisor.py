@@ -136,6 +136,9 @@ class Attempt:
                                                          beats.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
             env[beats.RESUME_ENV] = self.resume_from
+        # MPI's waits yield their core to the rank's other threads (rank_runtime/host_defaults.py says
+        # why), on every host: mpiexec passes OMPI_MCA_* variables to all ranks.
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         # Open MPI's session files in a directory of this attempt's own, removed when it ends: a killed
         # attempt leaves its rendezvous files behind, and a later mpiexec that gets the same PID (they
         # are reused; 32768 of them here) cannot start ("The PMIx server's listener thread failed").

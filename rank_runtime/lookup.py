@@ -74,13 +74,13 @@ def _register_send_count(state, spec, channel, send_count):
                          "per channel")
 
 
-def _rows_to_requesters(rows, recv_splits, dim, static_rows, exchange: RowExchangeName, state):
+def _rows_to_requesters(rows, routing, dim, static_rows, exchange: RowExchangeName, state):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
     lookup's own communicators (the op library's row exchange; gradients go back the same way).
     They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
     state.row_exchanges.append(exchange)
-    back = native_ops.row_alltoall(rows, recv_splits, exchange.rows, get_world().exchange_timeout_s,
-                                   exchange.gradients)
+    back = native_ops.row_alltoall(rows, routing.send_splits, routing.recv_splits, exchange.rows,
+                                   get_world().exchange_timeout_s, exchange.gradients)
     back.set_shape([static_rows, dim])
     return back
 
@@ -186,7 +186,7 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:
         state = cfg.graph_state()
-        rows = _rows_to_requesters(rows, routing.recv_splits, width, None if cfg.use_dynamic else send_count * cfg.size,
+        rows = _rows_to_requesters(rows, routing, width, None if cfg.use_dynamic else send_count * cfg.size,
                                    _exchange_name(state, table, spec, channel), state)
     emb = native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:

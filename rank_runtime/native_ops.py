@@ -91,25 +91,25 @@ def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tens
                                                channel=int(channel))
 
 
-def row_alltoall(rows: tf.Tensor, splits: tf.Tensor, exchange: str, timeout_s: float,
+def row_alltoall(rows: tf.Tensor, send_splits: tf.Tensor, recv_splits: tf.Tensor, exchange: str, timeout_s: float,
                  gradient: str | None = None) -> tf.Tensor:
-    """Sends splits[r] rows to rank r on the communicator registered as `exchange` (world.py);
-    returns the rows received, by rank. Its gradient sends the gradients back the same way on the
-    exchange named `gradient` (required where a gradient is taken)."""
-    out, _ = load().shardrec_row_alltoall(rows, splits, exchange=exchange, timeout_s=timeout_s,
-                                          gradient=gradient or "")
-    return out
+    """Sends send_splits[r] rows to rank r and receives recv_splits[r] from it, on the communicator
+    registered as `exchange` (world.py); returns the rows received, by rank. Its gradient sends the
+    gradients back the same way on the exchange named `gradient` (required where a gradient is taken)."""
+    return load().shardrec_row_alltoall(rows, send_splits, recv_splits, exchange=exchange, timeout_s=timeout_s,
+                                        gradient=gradient or "")
 
 
 @tf.RegisterGradient("ShardrecRowAlltoall")
-def _row_alltoall_grad(op, grad, _):
+def _row_alltoall_grad(op, grad):
     gradient = op.get_attr("gradient").decode()
     if not gradient:
         raise LookupError(f"{op.name}: this row exchange was built without a gradient exchange (an evaluation "
                           "lookup); no gradient flows through it")
-    back, _ = load().shardrec_row_alltoall(tf.convert_to_tensor(grad), op.outputs[1], exchange=gradient,
-                                           timeout_s=op.get_attr("timeout_s"))
-    return back, None
+    # The way back: each rank returns what it received and receives what it sent.
+    back = load().shardrec_row_alltoall(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1], exchange=gradient,
+                                        timeout_s=op.get_attr("timeout_s"))
+    return back, None, None
 
 
 def row_gather(rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:

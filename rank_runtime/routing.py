@@ -19,7 +19,8 @@ class FeatureRouting:
 
     rows: tf.Tensor         # the distinct local rows this rank gathers for its requesters
     expand: tf.Tensor       # per received key, its row among `rows` (empty with one rank, dynamic shapes)
-    recv_splits: tf.Tensor  # [world size]: rows going out to each requester
+    send_splits: tf.Tensor  # [world size]: rows going out to each requester
+    recv_splits: tf.Tensor  # [world size]: rows coming back from each owner
     restore: tf.Tensor      # per id of the batch: its row among those that come back
     ticket: tf.Tensor       # [1]: the batch's number on its table and channel (rows in flight stay in memory)
 
@@ -29,7 +30,8 @@ class FeatureRouting:
 
     @staticmethod
     def shapes(world_size, ids_per_batch):
-        return {"rows": [None], "expand": [None], "recv_splits": [world_size], "restore": [ids_per_batch],
+        return {"rows": [None], "expand": [None], "send_splits": [world_size], "recv_splits": [world_size],
+                "restore": [ids_per_batch],
                 "ticket": [1]}
 
     @staticmethod

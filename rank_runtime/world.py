@@ -41,6 +41,7 @@ def exchange_timeout_s() -> float:
 class World:
     def __init__(self):
         timeout = exchange_timeout_s()
+        host_defaults.before_mpi()
         from mpi4py import MPI
 
         from ..native import core as native_core
@@ -53,7 +54,7 @@ class World:
         set_rank(self.rank, self.size)
         node.Free()
         exit_hooks.abort_on_uncaught_error()
-        host_defaults.share_cores(self.local_size, timeout)
+        host_defaults.share_cores(self.size, self.local_size, timeout)
         import horovod.tensorflow as hvd
 
         if not hvd.is_initialized():

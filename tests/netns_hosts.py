@@ -69,8 +69,10 @@ class NetnsHosts:
         return [self.agent, self.names[index], *command]
 
     def mpiexec_args(self):
+        """Each namespace "host" believes it owns every core, so Open MPI would bind the first rank of
+        each to core 0 and the two ranks would share one core: no binding (RECIPES.md)."""
         net = f"{self.subnet}.0/24"
-        return ["--mca", "plm_rsh_agent", self.agent, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        return ["--bind-to", "none", "--mca", "plm_rsh_agent", self.agent, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net]
 
     def hostfile(self, directory, hosts=None, slots=1):

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -33,7 +35,11 @@ def test_short_benchmark_writes_every_row(tmp_path):
     grown = memory[2]
     assert "dynamic expansion" in grown["note"] and 0 < grown["shardrec"] < memory[1]["shardrec"], grown
     scaling = next(r for r in report["rows"] if r["workload"] == "scaling")
-    assert 0 < scaling["efficiency"] and 0 < scaling["two_ranks"]["row_exchange_share"] < 1
+    assert 0 < scaling["efficiency"] and [t["rank"] for t in scaling["timeline"]["many_ranks"]] == [0, 1]
+    for t in scaling["timeline"]["many_ranks"]:
+        split = t["split_ms"]
+        assert any(k.startswith("moving rows: emb/ids/train#0") for k in split), split
+        assert sum(v for k, v in split.items() if k != "traced span") == pytest.approx(split["traced span"]), split
     exchange = next(r for r in report["rows"] if r["workload"] == "exchange_only")
     assert exchange["two_ranks"]["keys_held"] > 0 and exchange["two_ranks"]["p99_ms"] >= exchange["two_ranks"]["median_ms"]
     e2e = next(r for r in report["rows"] if r["workload"] == "end_to_end")

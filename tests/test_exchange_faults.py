@@ -150,8 +150,8 @@ def test_a_step_on_one_rank_only_ends_naming_the_rank_missing_from_the_row_excha
     assert results(proc).get("1") == "skipped the step"
     # The lookup's row exchange names the rank that did not join it, within the exchange timeout.
     assert "DeadlineExceededError" in proc.stderr
-    assert re.search(r"row exchange 't/ids/train#0' \(rank 0 of 2\), row counts: rank\(s\) 1 did "
-                     r"not arrive within 5 s \(SHARDREC_EXCHANGE_TIMEOUT_S\)", proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"row exchange 't/ids/train#0' \(rank 0 of 2\), rows: rank\(s\) 1 did "
+                     r"not send theirs within 5 s \(SHARDREC_EXCHANGE_TIMEOUT_S\)", proc.stderr), proc.stderr[-3000:]
 
 
 def test_ranks_that_stop_before_their_data_ends_exit_without_waiting_for_each_other():

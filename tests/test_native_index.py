@@ -83,9 +83,9 @@ def new_exchange(channel=native.Channel.TRAIN, timeout_s=30.0):
 
 
 def routed(result):
-    """Per feature: (rows, expand, recv_splits, restore, ticket) of an exchange that did not end."""
+    """Per feature: (rows, expand, send_splits, restore, ticket) of an exchange that did not end."""
     assert not result.ended
-    return [(r.rows, r.expand, r.recv_splits, r.restore, r.ticket) for r in result.features]
+    return [(r.rows, r.expand, r.send_splits, r.restore, r.ticket) for r in result.features]
 
 
 def test_single_rank_exchange_dedups_pads_and_restores():

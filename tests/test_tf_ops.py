@@ -65,7 +65,8 @@ def test_tables_and_their_slots_are_placed_in_host_memory(runtime):
 
 
 def test_a_row_exchange_without_a_communicator_says_to_start_the_pipeline(graph):
-    op = native_ops.row_alltoall(tf.zeros([2, 3]), tf.constant([2], tf.int32), "never/made/train#0", 5.0)
+    op = native_ops.row_alltoall(tf.zeros([2, 3]), tf.constant([2], tf.int32), tf.constant([2], tf.int32),
+                                 "never/made/train#0", 5.0)
     with tf.compat.v1.Session() as sess:
         with pytest.raises(tf.errors.FailedPreconditionError, match=r"row exchange 'never/made/train#0' has no "
                                                                     r"communicator in this process: start the key "
@@ -81,7 +82,8 @@ def test_row_exchange_on_one_rank_returns_the_rows_and_its_gradient_sends_them_b
     assert (exchange.rows, exchange.gradients) == ("unit/f/train#0", "unit/f/train#0 gradients")
     get_world().make_row_exchanges([exchange])
     rows = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
-    out = native_ops.row_alltoall(rows, tf.constant([4], tf.int32), exchange.rows, 5.0, exchange.gradients)
+    four = tf.constant([4], tf.int32)
+    out = native_ops.row_alltoall(rows, four, four, exchange.rows, 5.0, exchange.gradients)
     grad = tf.gradients(tf.reduce_sum(out * 2.0), rows)[0]
     with tf.compat.v1.Session() as sess:
         got, got_grad = sess.run([out, grad])

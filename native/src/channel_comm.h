@@ -7,9 +7,11 @@
 #pragma once
 
 #include <mpi.h>
+#include <sys/prctl.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -126,6 +128,50 @@ class ChannelComm {
     finish_collective(req, what);
   }
 
+  // Blocks of floats to and from every peer, point to point, with the counts both sides already
+  // know (a lookup's row exchange: the key exchange decided them), so no counts round goes first.
+  // Counts and displacements in floats; this rank's own block is copied. A peer whose block does
+  // not arrive in time is named; one that sends fewer floats than expected is an error (more:
+  // MPI's truncation error ends the job). Both cannot happen while the ranks run the same batch.
+  void exchange_blocks(const float* send, const int* scount, const int* sdispl, float* recv, const int* rcount,
+                       const int* rdispl, const std::string& what) {
+    check_usable();
+    if (scount[rank_] != rcount[rank_])
+      throw ExchangeError(kind_ + " '" + channel_ + "', " + what + ": this rank sends itself " +
+                          std::to_string(scount[rank_]) + " floats but expects " + std::to_string(rcount[rank_]));
+    if (scount[rank_] > 0)
+      std::memcpy(recv + rdispl[rank_], send + sdispl[rank_], sizeof(float) * static_cast<size_t>(scount[rank_]));
+    if (world_ == 1) return;
+    std::vector<MPI_Request> recv_reqs, send_reqs;
+    std::vector<int> peers;
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      peers.push_back(r);
+      recv_reqs.emplace_back();
+      MPI_Irecv(recv + rdispl[r], rcount[r], MPI_FLOAT, r, kBlockTag, comm_, &recv_reqs.back());
+    }
+    for (int r : peers) {
+      send_reqs.emplace_back();
+      MPI_Isend(send + sdispl[r], scount[r], MPI_FLOAT, r, kBlockTag, comm_, &send_reqs.back());
+    }
+    std::vector<MPI_Status> statuses(recv_reqs.size());
+    if (!wait(recv_reqs, &statuses)) {
+      std::string missing;
+      for (size_t i = 0; i < recv_reqs.size(); ++i)
+        if (recv_reqs[i] != MPI_REQUEST_NULL) missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i]);
+      fail_timeout(what, "rank(s) " + missing + " did not send theirs");
+    }
+    for (size_t i = 0; i < peers.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], MPI_FLOAT, &got);
+      if (got != rcount[peers[i]])
+        throw ExchangeError(kind_ + " '" + channel_ + "', " + what + ": rank " + std::to_string(peers[i]) + " sent " +
+                            std::to_string(got) + " floats, this rank expected " + std::to_string(rcount[peers[i]]) +
+                            " (the ranks disagree on the batch's routing)");
+    }
+    if (!wait(send_reqs)) fail_timeout(what, "a peer did not take this rank's block");
+  }
+
   // Every rank's string, in rank order (used to name what differs between ranks).
   std::vector<std::string> gather_strings(const std::string& mine, const std::string& what) {
     std::vector<int64_t> lengths(world_);
@@ -152,6 +198,7 @@ class ChannelComm {
 
  private:
   static constexpr int kStatusTag = 0x5d1;
+  static constexpr int kBlockTag = 0x5d2;
 
   void check_usable() const {
     if (!broken_.empty()) throw ExchangeTimeout(broken_);
@@ -173,9 +220,12 @@ class ChannelComm {
   }
 
   // Polls until every request completes (true) or the deadline passes (false; the requests
-  // that completed are MPI_REQUEST_NULL). Spins briefly, then sleeps in growing steps, so a
-  // rank that waits long leaves its core to the others.
-  bool wait(std::vector<MPI_Request>& reqs) {
+  // that completed are MPI_REQUEST_NULL). Between polls the thread sleeps, in steps that grow from
+  // a few microseconds to kMaxNapUs: a rank's core is shared by its step, its key
+  // pipeline and its exchanges, and a sleeping waiter leaves the core to them, while the wake-up
+  // (a sleeper's) takes the core back at once from a busy sibling thread, which a spinning or
+  // yielding waiter does not (bench/scaling.py measured both).
+  bool wait(std::vector<MPI_Request>& reqs, std::vector<MPI_Status>* statuses = nullptr) {
     if (reqs.empty()) return true;
     const auto start = std::chrono::steady_clock::now();
     struct Account {
@@ -186,13 +236,14 @@ class ChannelComm {
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
       }
     } account{start, ns_waiting_};
+    precise_naps();
     const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
     int done = 0;
     std::chrono::microseconds nap(0);
     for (int spin = 0;; ++spin) {
-      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, statuses ? statuses->data() : MPI_STATUSES_IGNORE);
       if (done) return true;
-      if (spin < 2000) continue;
+      if (spin < kSpins) continue;
       if (std::chrono::steady_clock::now() > deadline) {
         // Testall leaves requests alone unless all complete: find the ones still pending.
         for (auto& r : reqs) {
@@ -201,10 +252,27 @@ class ChannelComm {
         }
         return false;
       }
-      nap = std::min(std::chrono::microseconds(200), nap + std::chrono::microseconds(10));
+      nap = std::min(std::chrono::microseconds(kMaxNapUs), nap + std::chrono::microseconds(kNapStepUs));
       std::this_thread::sleep_for(nap);
     }
   }
+
+  // Linux lets a sleep overrun by the thread's timer slack (50 us by default): the naps above are
+  // shorter than that.
+  static void precise_naps() {
+    thread_local bool set = false;
+    if (!set) {
+      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+      set = true;
+    }
+  }
+
+  // A few polls first (a peer that is already there answers within microseconds); then naps of
+  // 5, 10, ... up to 50 us: tried against naps that grow with the time already waited (capped at
+  // 50 or 200 us) and against 20 / 100 / 200 us caps, none better beyond the run-to-run spread.
+  static constexpr int kSpins = 16;
+  static constexpr int kNapStepUs = 5;
+  static constexpr int kMaxNapUs = 50;
 
   MPI_Comm comm_;
   std::string channel_;

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -64,7 +65,8 @@ struct FeatureSet {
 struct FeatureRouting {
   std::vector<int32_t> rows;         // the distinct local rows this rank gathers for its requesters
   std::vector<int32_t> expand;       // per received key, its row among `rows` (empty: identity)
-  std::vector<int32_t> recv_splits;  // rows going out to each requester
+  std::vector<int32_t> send_splits;  // rows going out to each requester
+  std::vector<int32_t> recv_splits;  // rows coming back from each owner (what this rank sent it keys for)
   std::vector<int32_t> restore;      // per id of the batch: its row among those that come back
   int32_t ticket = 0;                // the batch's ticket on the feature's table (residency.h)
 };
@@ -173,6 +175,7 @@ class KeyExchange {
     for (size_t f = 0; f < keys.size() && f < fs.features.size(); ++f)
       keys[f].counted = allocate_ && fs.features[f].index->counts();
     const auto t0 = std::chrono::steady_clock::now();
+    cpu_ns0_ = thread_cpu_ns();
     coll_ns0_ = comm_.ns_waiting();
     out.assign(fs.features.size(), FeatureRouting{});
     const RankStatus status = prepare(fs, keys, has_data, ts);
@@ -461,13 +464,15 @@ class KeyExchange {
   void resolve(const ExchangeFeature& feature, size_t f, FeatureRouting& o) {
     const int world = comm_.world();
     const int64_t pad = feature.send_count;
+    o.send_splits.resize(world);
     o.recv_splits.resize(world);
     std::vector<int32_t> back_base(world + 1, 0);  // where each owner's rows start among those returned
     size_t total_recv = 0;
     for (int s = 0; s < world; ++s) {
-      o.recv_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : router_.received_count(f, s);
-      back_base[s + 1] = back_base[s] + (pad > 0 ? static_cast<int32_t>(pad) : router_.sent(f, s));
-      total_recv += o.recv_splits[s];
+      o.send_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : router_.received_count(f, s);
+      o.recv_splits[s] = pad > 0 ? static_cast<int32_t>(pad) : router_.sent(f, s);
+      back_base[s + 1] = back_base[s] + o.recv_splits[s];
+      total_recv += o.send_splits[s];
     }
     // Owner side: received keys -> local rows, in source-rank order (padding keeps the sentinel).
     o.rows.assign(total_recv, feature.index->sentinel());
@@ -479,7 +484,7 @@ class KeyExchange {
         const int32_t n = router_.received_count(f, s);
         feature.index->lookup(router_.received(f, s), static_cast<size_t>(n), allocate_, o.rows.data() + dst);
         feature.index->add_traffic(router_.sent(f, s), n);
-        dst += o.recv_splits[s];
+        dst += o.send_splits[s];
       }
     }
     // Distinct rows on the owner, so the optimizer needs no dedup of its own. With one rank and
@@ -548,7 +553,7 @@ class KeyExchange {
       const int32_t n = router_.received_count(f, s);
       for (int32_t j = 0; j < n; ++j, ++i) o.rows[dst + j] = merged_rows_[merged_restore_[i]];
       feature.index->add_traffic(router_.sent(f, s), n);
-      dst += o.recv_splits[s];
+      dst += o.send_splits[s];
     }
   }
 
@@ -557,6 +562,15 @@ class KeyExchange {
     counters_.ns_in_collectives += comm_.ns_waiting() - coll_ns0_;
     counters_.ns_total += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    counters_.ns_cpu += thread_cpu_ns() - cpu_ns0_;
+  }
+
+  // The calling thread's CPU time: its own work, which wall time mixes with the time other threads
+  // of the rank held the core.
+  static uint64_t thread_cpu_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
   }
 
   ChannelComm comm_;
@@ -575,6 +589,7 @@ class KeyExchange {
   std::vector<int64_t> owner_unique_;
   std::vector<std::vector<int32_t>> restore_;
   uint64_t coll_ns0_ = 0;
+  uint64_t cpu_ns0_ = 0;
   ExchangeCounters counters_;
   std::string stopped_;
   uint64_t stopped_at_ = 0;

@@ -98,7 +98,8 @@ void bind_values(py::module_& m) {
   exchange_counters
       .def_property_readonly("seconds_in_collectives",
                              [](const ExchangeCounters& c) { return c.ns_in_collectives * 1e-9; })
-      .def_property_readonly("seconds_total", [](const ExchangeCounters& c) { return c.ns_total * 1e-9; });
+      .def_property_readonly("seconds_total", [](const ExchangeCounters& c) { return c.ns_total * 1e-9; })
+      .def_property_readonly("seconds_cpu", [](const ExchangeCounters& c) { return c.ns_cpu * 1e-9; });
 
   py::class_<shardrec::StoreBytes>(m, "StoreBytes", "Bytes of a row store's rows in use.")
       .def_readonly("values", &shardrec::StoreBytes::values)
@@ -125,11 +126,12 @@ void bind_values(py::module_& m) {
 // One feature's routing as Python sees it: the native vectors handed over to numpy, not copied
 // (the key pipeline files them into the dataset element once per batch).
 struct RoutingArrays {
-  py::array_t<int32_t> rows, expand, recv_splits, restore, ticket;
+  py::array_t<int32_t> rows, expand, send_splits, recv_splits, restore, ticket;
 
   explicit RoutingArrays(shardrec::FeatureRouting&& r)
       : rows(hand_over(std::move(r.rows))),
         expand(hand_over(std::move(r.expand))),
+        send_splits(hand_over(std::move(r.send_splits))),
         recv_splits(hand_over(std::move(r.recv_splits))),
         restore(hand_over(std::move(r.restore))),
         ticket(hand_over(std::vector<int32_t>{r.ticket})) {}
@@ -140,7 +142,8 @@ void bind_routing(py::module_& m) {
                             "One feature's exchange result for one batch (key_exchange.h, rank_runtime/routing.py).")
       .def_readonly("rows", &RoutingArrays::rows, "The distinct local rows this rank gathers for its requesters.")
       .def_readonly("expand", &RoutingArrays::expand, "Per received key, its row among `rows` (empty: identity).")
-      .def_readonly("recv_splits", &RoutingArrays::recv_splits, "Rows going out to each requester.")
+      .def_readonly("send_splits", &RoutingArrays::send_splits, "Rows going out to each requester.")
+      .def_readonly("recv_splits", &RoutingArrays::recv_splits, "Rows coming back from each owner.")
       .def_readonly("restore", &RoutingArrays::restore, "Per id of the batch: its row among those that come back.")
       .def_readonly("ticket", &RoutingArrays::ticket, "[1]: the batch's ticket on the feature's table.");
 }
@@ -566,6 +569,7 @@ ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::lis
   if (result.ended) {
     out.assign(nf, shardrec::FeatureRouting{});
     for (size_t f = 0; f < nf; ++f) {
+      out[f].send_splits.assign(static_cast<size_t>(ex.world()), 0);
       out[f].recv_splits.assign(static_cast<size_t>(ex.world()), 0);
       out[f].restore.assign(static_cast<size_t>(arrays[f].size()), 0);
     }

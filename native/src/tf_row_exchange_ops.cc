@@ -97,19 +97,27 @@ class RowAlltoallOp : public AsyncOpKernel {
       return;
     }
     const Tensor& rows = ctx->input(0);
-    const Tensor& splits = ctx->input(1);
     const int world = comm_->world();
     OP_REQUIRES_ASYNC(ctx, rows.dims() == 2, InvalidArgument("rows must be 2-D, got ", rows.shape().DebugString()),
                       done);
-    OP_REQUIRES_ASYNC(ctx, splits.dims() == 1 && splits.dim_size(0) == world,
-                      InvalidArgument("splits must hold one count per rank (", world, "), got ",
-                                      splits.shape().DebugString()),
-                      done);
-    auto s = splits.flat<int32_t>();
-    int64_t total = 0;
-    for (int r = 0; r < world; ++r) total += s(r);
-    OP_REQUIRES_ASYNC(ctx, total == rows.dim_size(0),
-                      InvalidArgument("splits add up to ", total, " rows, rows has ", rows.dim_size(0)), done);
+    for (int i : {1, 2}) {
+      const Tensor& splits = ctx->input(i);
+      OP_REQUIRES_ASYNC(ctx, splits.dims() == 1 && splits.dim_size(0) == world,
+                        InvalidArgument(i == 1 ? "send_splits" : "recv_splits", " must hold one count per rank (",
+                                        world, "), got ", splits.shape().DebugString()),
+                        done);
+      auto s = splits.flat<int32_t>();
+      int64_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        OP_REQUIRES_ASYNC(ctx, s(r) >= 0, InvalidArgument("a negative split: ", s(r)), done);
+        total += s(r);
+      }
+      OP_REQUIRES_ASYNC(ctx, total * rows.dim_size(1) < INT32_MAX,
+                        InvalidArgument("a row exchange of 2^31 floats or more; use smaller batches"), done);
+      if (i == 1)
+        OP_REQUIRES_ASYNC(ctx, total == rows.dim_size(0),
+                          InvalidArgument("send_splits add up to ", total, " rows, rows has ", rows.dim_size(0)), done);
+    }
     worker_.run([this, ctx, done = std::move(done)] {
       try {
         exchange(ctx);
@@ -132,36 +140,24 @@ class RowAlltoallOp : public AsyncOpKernel {
     return true;
   }
 
+  // Both sides' counts come with the batch's routing, so the rows go at once, point to point.
   void exchange(OpKernelContext* ctx) {
     const Tensor& rows = ctx->input(0);
-    auto s = ctx->input(1).flat<int32_t>();
-    const int world = comm_->world(), me = comm_->rank();
+    auto send = ctx->input(1).flat<int32_t>();
+    auto recv = ctx->input(2).flat<int32_t>();
+    const int world = comm_->world();
     const int64_t dim = rows.dim_size(1);
-    // Each rank's splits to every rank: what this rank receives from r is r's splits[me].
-    std::vector<int64_t> mine(world), all(static_cast<size_t>(world) * world);
-    for (int r = 0; r < world; ++r) mine[r] = s(r);
-    comm_->gather_status(mine.data(), world, all.data(), "row counts");
     std::vector<int> scount(world), sdispl(world + 1, 0), rcount(world), rdispl(world + 1, 0);
-    Tensor* recv_splits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &recv_splits));
     for (int r = 0; r < world; ++r) {
-      const int64_t sc = mine[r] * dim, rc = all[static_cast<size_t>(r) * world + me] * dim;
-      OP_REQUIRES(ctx, sdispl[r] + sc < INT32_MAX && rdispl[r] + rc < INT32_MAX,
-                  InvalidArgument("a row exchange of 2^31 floats or more; use smaller batches"));
-      scount[r] = static_cast<int>(sc);
-      rcount[r] = static_cast<int>(rc);
+      scount[r] = static_cast<int>(send(r) * dim);
+      rcount[r] = static_cast<int>(recv(r) * dim);
       sdispl[r + 1] = sdispl[r] + scount[r];
       rdispl[r + 1] = rdispl[r] + rcount[r];
-      recv_splits->flat<int32_t>()(r) = static_cast<int32_t>(all[static_cast<size_t>(r) * world + me]);
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rdispl[world] / std::max<int64_t>(dim, 1), dim}), &out));
-    if (world == 1) {
-      if (rows.NumElements() > 0) std::memcpy(out->flat<float>().data(), rows.flat<float>().data(), rows.TotalBytes());
-      return;
-    }
-    comm_->alltoallv(rows.flat<float>().data(), scount.data(), sdispl.data(), out->flat<float>().data(),
-                     rcount.data(), rdispl.data(), "rows");
+    comm_->exchange_blocks(rows.flat<float>().data(), scount.data(), sdispl.data(), out->flat<float>().data(),
+                           rcount.data(), rdispl.data(), "rows");
   }
 
   std::string exchange_;
@@ -184,9 +180,9 @@ __attribute__((visibility("default"))) int shardrec_comm_register(const char* ex
 
 REGISTER_OP("ShardrecRowAlltoall")
     .Input("rows: float")
-    .Input("splits: int32")
+    .Input("send_splits: int32")
+    .Input("recv_splits: int32")
     .Output("out: float")
-    .Output("recv_splits: int32")
     .Attr("exchange: string")
     .Attr("timeout_s: float")
     .Attr("gradient: string = ''")  // the exchange of its gradient (read by the Python gradient); '': none
@@ -195,7 +191,6 @@ REGISTER_OP("ShardrecRowAlltoall")
       tensorflow::shape_inference::ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
       c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(rows, 1)));
-      c->set_output(1, c->Vector(c->UnknownDim()));
       return tensorflow::OkStatus();
     })
     .Doc("Sends splits[r] rows to rank r on the communicator registered as `exchange`; out: the rows received, by "

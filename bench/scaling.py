@@ -1,0 +1,92 @@
+"""Weak scaling with a core per rank, and where each rank's step time goes, side by side.
+
+    python bench/scaling.py [--rounds 3] [--ranks 2] [sparse_step.py options, e.g. --dim 128 --optimizer sgd]
+    python bench/scaling.py --demo [--rounds 3] [examples/wide_deep.py options]      (samples/s of the demo)
+
+Alternates, `--rounds` times, one rank pinned to core 0 (`taskset -c 0`) and N ranks pinned to a core
+each (`mpiexec --bind-to core --map-by core -np N`), both with one TensorFlow thread per pool, each
+rank training its own 4096 x 26 batches (bench/sparse_step.py). Prints the median of each and the
+efficiency (N-rank aggregate / N x one rank), then the step timeline (rank_runtime/step_profile.py)
+of the round whose N-rank figure is the median: the 1-rank step beside every rank of the N-rank
+step. With --demo the same for the Wide&Deep demo (steady-state samples/s, its last 10 steps
+traced). The last line is JSON (for bench/run.py). Needs N cores.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           PYTHONUNBUFFERED="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+
+
+def run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def run_demo(cmd):
+    """The demo's samples/s (all ranks) and timeline, in sparse_step.py's JSON shape."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        proc = subprocess.run(cmd + ["--model-dir", model_dir], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                              timeout=900)
+    rate = re.search(r"samples_per_s=(\d+)", proc.stdout)
+    timeline = [line for line in proc.stdout.splitlines() if line.startswith("TIMELINE ")]
+    if proc.returncode != 0 or not rate or not timeline:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return {"ids_per_s": float(rate.group(1)), "timeline": json.loads(timeline[-1][len("TIMELINE "):])}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--timeline", type=int, default=10, help="traced steps per run")
+    p.add_argument("--demo", action="store_true", help="the Wide&Deep demo instead of the sparse step")
+    args, step_args = p.parse_known_args(argv)
+    if args.demo:
+        step = [sys.executable, "examples/wide_deep.py", "--steps", "400", "--eval-samples", "4096", "--trace-steps",
+                str(args.timeline)] + step_args
+        measure, unit = run_demo, "samples/s"
+    else:
+        step = [sys.executable, "bench/sparse_step.py", "--peer", "shardrec", "--timeline", str(args.timeline)] + step_args
+        measure, unit = run, "ids/s"
+    one_core = ["taskset", "-c", "0"] + step
+    n_cores = [MPIEXEC, "--bind-to", "core", "--map-by", "core", "-np", str(args.ranks)] + step
+    rounds = []
+    for i in range(args.rounds):
+        one, many = measure(one_core), measure(n_cores)
+        rounds.append((one, many))
+        print(f"round {i + 1}: 1 rank {one['ids_per_s'] / 1e6:.3f}M {unit}, {args.ranks} ranks "
+              f"{many['ids_per_s'] / 1e6:.3f}M ({many['ids_per_s'] / args.ranks / one['ids_per_s']:.2f})",
+              file=sys.stderr, flush=True)
+    one_rate = statistics.median(r[0]["ids_per_s"] for r in rounds)
+    many_rate = statistics.median(r[1]["ids_per_s"] for r in rounds)
+    efficiency = many_rate / (args.ranks * one_rate)
+    median_round = sorted(rounds, key=lambda r: r[1]["ids_per_s"])[len(rounds) // 2]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from shardrec.rank_runtime.step_profile import format_columns
+
+    columns = [("1 rank", median_round[0]["timeline"][0])]
+    columns += [(f"{args.ranks}: rank {t['rank']}", t) for t in median_round[1]["timeline"]]
+    print(f"1 rank on 1 core {one_rate / 1e6:.3f}M {unit}; {args.ranks} ranks on a core each "
+          f"{many_rate / 1e6:.3f}M {unit}; efficiency {efficiency:.2f} (medians of {args.rounds} rounds)")
+    print(format_columns(columns))
+    print(json.dumps({"one_rank": one_rate, "ranks": args.ranks, "many_ranks": many_rate, "efficiency": efficiency,
+                      "rounds": [[r[0]["ids_per_s"], r[1]["ids_per_s"]] for r in rounds],
+                      "timeline": {"one_rank": median_round[0]["timeline"], "many_ranks": median_round[1]["timeline"]},
+                      "unit": unit, "args": step_args}))
+
+
+if __name__ == "__main__":
+    main()
