@@ -100,6 +100,9 @@ class World:
                 continue
             comm, request = self._world_comm.Idup()
             self._wait(lambda: request, f"{what} ({name})", 60.0)
+            # A peer that sends more rows than this rank expects comes back as an error the row
+            # exchange names, instead of MPI ending the job with its own words.
+            comm.Set_errhandler(self._mpi.ERRORS_RETURN)
             self._row_comms[name] = comm
             native_ops.register_comm(name, comm.py2f())
 

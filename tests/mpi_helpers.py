@@ -4,7 +4,7 @@ import subprocess
 import sys
 import tempfile
 
-INIT_DEFAULTS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
+INIT_DEFAULTS = ("OMPI_MCA_mpi_yield_when_idle", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
                  "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_jobs")
 

@@ -154,6 +154,15 @@ def test_a_step_on_one_rank_only_ends_naming_the_rank_missing_from_the_row_excha
                      r"not send theirs within 5 s \(SHARDREC_EXCHANGE_TIMEOUT_S\)", proc.stderr), proc.stderr[-3000:]
 
 
+def test_ranks_that_disagree_on_a_row_exchange_s_counts_both_stop_naming_the_peer():
+    proc = check(mpiexec(2, JOB, "row_splits_disagree", timeout=120))
+    found = errors(proc)
+    assert found.get("0", "").startswith("row exchange 't/ids/train#0' (rank 0 of 2), rows: rank 1 sent 2 floats, "
+                                         "this rank expected 4"), proc.stdout
+    assert re.match(r"row exchange 't/ids/train#0' \(rank 1 of 2\), rows: rank 0 sent more than the 2 floats this "
+                    r"rank expected \(MPI_ERR_TRUNCATE", found.get("1", "")), proc.stdout
+
+
 def test_ranks_that_stop_before_their_data_ends_exit_without_waiting_for_each_other():
     started = time.monotonic()
     proc = check(mpiexec(2, JOB, "stop_early", timeout=300, env={"SHARDREC_EXCHANGE_TIMEOUT_S": "200"}))

@@ -30,6 +30,14 @@ class ExchangeTimeout : public ExchangeError {
   using ExchangeError::ExchangeError;
 };
 
+// A request that MPI failed (a communicator whose errors return instead of ending the job):
+// `index` is its place among the requests waited for.
+class RequestFailed : public ExchangeError {
+ public:
+  RequestFailed(size_t index, const std::string& what) : ExchangeError(what), index(index) {}
+  size_t index;
+};
+
 class ChannelComm {
  public:
   // `kind` names the exchange in errors: the key exchange of a channel, or the row exchange of a lookup.
@@ -131,13 +139,14 @@ class ChannelComm {
   // Blocks of floats to and from every peer, point to point, with the counts both sides already
   // know (a lookup's row exchange: the key exchange decided them), so no counts round goes first.
   // Counts and displacements in floats; this rank's own block is copied. A peer whose block does
-  // not arrive in time is named; one that sends fewer floats than expected is an error (more:
-  // MPI's truncation error ends the job). Both cannot happen while the ranks run the same batch.
+  // not arrive in time is named, and so is one that sends another count than expected (more
+  // comes back as MPI's truncation error: the row communicators return errors, world.py). Neither
+  // can happen while the ranks run the same batch's routing.
   void exchange_blocks(const float* send, const int* scount, const int* sdispl, float* recv, const int* rcount,
                        const int* rdispl, const std::string& what) {
     check_usable();
     if (scount[rank_] != rcount[rank_])
-      throw ExchangeError(kind_ + " '" + channel_ + "', " + what + ": this rank sends itself " +
+      throw ExchangeError(where(what) + "this rank sends itself " +
                           std::to_string(scount[rank_]) + " floats but expects " + std::to_string(rcount[rank_]));
     if (scount[rank_] > 0)
       std::memcpy(recv + rdispl[rank_], send + sdispl[rank_], sizeof(float) * static_cast<size_t>(scount[rank_]));
@@ -155,7 +164,15 @@ class ChannelComm {
       MPI_Isend(send + sdispl[r], scount[r], MPI_FLOAT, r, kBlockTag, comm_, &send_reqs.back());
     }
     std::vector<MPI_Status> statuses(recv_reqs.size());
-    if (!wait(recv_reqs, &statuses)) {
+    bool arrived = false;
+    try {
+      arrived = wait(recv_reqs, &statuses);
+    } catch (const RequestFailed& e) {
+      throw ExchangeError(where(what) + "rank " + std::to_string(peers[e.index]) +
+                          " sent more than the " + std::to_string(rcount[peers[e.index]]) +
+                          " floats this rank expected (" + e.what() + "; the ranks disagree on the batch's routing)");
+    }
+    if (!arrived) {
       std::string missing;
       for (size_t i = 0; i < recv_reqs.size(); ++i)
         if (recv_reqs[i] != MPI_REQUEST_NULL) missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i]);
@@ -165,7 +182,7 @@ class ChannelComm {
       int got = 0;
       MPI_Get_count(&statuses[i], MPI_FLOAT, &got);
       if (got != rcount[peers[i]])
-        throw ExchangeError(kind_ + " '" + channel_ + "', " + what + ": rank " + std::to_string(peers[i]) + " sent " +
+        throw ExchangeError(where(what) + "rank " + std::to_string(peers[i]) + " sent " +
                             std::to_string(got) + " floats, this rank expected " + std::to_string(rcount[peers[i]]) +
                             " (the ranks disagree on the batch's routing)");
     }
@@ -210,9 +227,14 @@ class ChannelComm {
       fail_timeout(what, "every rank passed this batch's status round, so a rank stopped (died or hung) since");
   }
 
+  // "<kind> '<channel>' (rank r of n), <what>: ", how every error of this channel begins.
+  std::string where(const std::string& what) const {
+    return kind_ + " '" + channel_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(world_) + "), " +
+           what + ": ";
+  }
+
   [[noreturn]] void fail_timeout(const std::string& what, const std::string& who) {
-    broken_ = kind_ + " '" + channel_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
-              "), " + what + ": " + who + " within " + std::to_string(static_cast<int>(timeout_s_)) +
+    broken_ = where(what) + who + " within " + std::to_string(static_cast<int>(timeout_s_)) +
               " s (SHARDREC_EXCHANGE_TIMEOUT_S). Every rank must run the same number of batches on this channel: "
               "check that the other ranks are alive and run the same script (an evaluation on one rank only, or a "
               "rank that stopped, leaves the others waiting). This channel is stopped; restart the job";
@@ -240,8 +262,10 @@ class ChannelComm {
     const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
     int done = 0;
     std::chrono::microseconds nap(0);
+    std::vector<MPI_Status> own(statuses ? 0 : reqs.size());
+    MPI_Status* st = statuses ? statuses->data() : own.data();
     for (int spin = 0;; ++spin) {
-      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, statuses ? statuses->data() : MPI_STATUSES_IGNORE);
+      if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, st) != MPI_SUCCESS) throw_failed(reqs, st);
       if (done) return true;
       if (spin < kSpins) continue;
       if (std::chrono::steady_clock::now() > deadline) {
@@ -255,6 +279,19 @@ class ChannelComm {
       nap = std::min(std::chrono::microseconds(kMaxNapUs), nap + std::chrono::microseconds(kNapStepUs));
       std::this_thread::sleep_for(nap);
     }
+  }
+
+  // The first request MPI failed, with MPI's words for it.
+  [[noreturn]] static void throw_failed(const std::vector<MPI_Request>& reqs, const MPI_Status* st) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const int code = st[i].MPI_ERROR;
+      if (code == MPI_SUCCESS || code == MPI_ERR_PENDING) continue;
+      char text[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(code, text, &len);
+      throw RequestFailed(i, std::string(text, static_cast<size_t>(len)));
+    }
+    throw RequestFailed(0, "MPI failed a request of this round");
   }
 
   // Linux lets a sleep overrun by the thread's timer slack (50 us by default): the naps above are

@@ -193,7 +193,7 @@ REGISTER_OP("ShardrecRowAlltoall")
       c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(rows, 1)));
       return tensorflow::OkStatus();
     })
-    .Doc("Sends splits[r] rows to rank r on the communicator registered as `exchange`; out: the rows received, by "
-         "rank.");
+    .Doc("Sends send_splits[r] rows to rank r and receives recv_splits[r] rows from it on the communicator "
+         "registered as `exchange`; out: the rows received, by rank.");
 
 REGISTER_KERNEL_BUILDER(Name("ShardrecRowAlltoall").Device(tensorflow::DEVICE_CPU), shardrec::RowAlltoallOp);

@@ -17,6 +17,8 @@
     empty_rank       rank 1's dataset is empty
     stop_early       both ranks run 3 of 40 steps and exit; rank 0's prefetch runs on for 3 s first
     extra_lookup     rank 1 looks its feature up twice, rank 0 once
+    row_splits_disagree  a row exchange whose splits the ranks disagree on: rank 0 sends rank 1 two rows
+                     where it expects one, rank 1 sends rank 0 one where it expects two
 Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
 """
 import sys
@@ -262,6 +264,26 @@ def extra_lookup():
     except ValueError as e:
         say(f"ERROR rank={rank}: {e}")
         sys.exit(3)
+
+
+def row_splits_disagree():
+    from shardrec.rank_runtime import native_ops
+    from shardrec.rank_runtime.channel import Channel, RowExchangeName
+    from shardrec.rank_runtime.world import get_world
+
+    init()
+    rank = get_rank_id()
+    exchange = RowExchangeName("t", "ids", Channel.TRAIN, 0)
+    get_world().make_row_exchanges([exchange])
+    send, recv = ([1, 2], [1, 2]) if rank == 0 else ([1, 1], [1, 1])
+    rows = tf.constant(np.ones([sum(send), 2], np.float32))
+    out = native_ops.row_alltoall(rows, tf.constant(send, tf.int32), tf.constant(recv, tf.int32), exchange.rows, 10.0)
+    with tf.compat.v1.Session() as sess:
+        try:
+            sess.run(out)
+            say(f"RESULT rank={rank} exchanged")
+        except tf.errors.OpError as e:
+            say(f"ERROR rank={rank}: " + next(line for line in e.message.splitlines() if "row exchange" in line))
 
 
 if __name__ == "__main__":
