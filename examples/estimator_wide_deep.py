@@ -91,6 +91,10 @@ def main(argv=None):
     eval_spec = tf.estimator.EvalSpec(input_fn(held_out, args.batch_size, repeat=False), steps=None,
                                       hooks=[GraphModifierHook()], throttle_secs=0, start_delay_secs=0)
     metrics, _ = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    if metrics is None:
+        # Seen with --eval-every equal to --steps (40 and 40): train_and_evaluate returned no
+        # metrics although it evaluated; the summary then evaluates the final checkpoint itself.
+        metrics = estimator.evaluate(input_fn(held_out, args.batch_size, repeat=False), hooks=[GraphModifierHook()])
     print(f"SUMMARY rank={rank} global_step={int(metrics['global_step'])} eval_auc={metrics['auc']:.4f} "
           f"eval_loss={metrics['loss']:.4f} checkpoint={tf.train.latest_checkpoint(args.model_dir)}", flush=True)
     terminate_config_initializer()

@@ -20,6 +20,7 @@ _EXPORTS = {
     "get_asc_insert_func": ".key_pipeline", "start_asc_pipeline": ".key_pipeline",
     "sparse_lookup": ".lookup",
     "get_dense_and_sparse_variable": ".variables",
+    "export_saved_model": ".serving.export",
     "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".lifecycle",
     "get_if_load": ".config", "set_if_load": ".config",
     "terminate_config_initializer": ".lifecycle",

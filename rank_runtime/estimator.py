@@ -23,6 +23,7 @@ from tensorflow.python.util import function_utils
 from . import config, warm_start
 from .hooks import GraphModifierHook
 from .logs import get_logger
+from .serving import export as serving_export
 from .table import SPARSE_SLOTS_COLLECTION, SPARSE_TABLES_COLLECTION
 
 log = get_logger("shardrec.estimator")
@@ -93,6 +94,9 @@ class Estimator(tf.estimator.Estimator):
         def shardrec_model_fn(features, labels, mode, params, config):
             kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
             spec = user_fn(**{k: v for k, v in kwargs.items() if k in user_args})
+            exporting = serving_export.active()
+            if exporting is not None:
+                return _export_spec(spec, exporting, features)
             return estimator._add_rank_hooks(spec, mode)
 
         # Warm start covers tables and list-valued settings (the user guide's "Custom WarmStart"), so shardrec applies it
@@ -103,6 +107,16 @@ class Estimator(tf.estimator.Estimator):
             self._warm_start = warm_start_from
         super().__init__(model_fn=shardrec_model_fn, model_dir=model_dir, config=_rank_config(run_config, cfg.rank),
                          params=params)
+
+    def _export_all_saved_models(self, export_dir_base, input_receiver_fn_map, assets_extra=None, as_text=False,
+                                 checkpoint_path=None, strip_default_attrs=True):
+        """export_saved_model's work (Estimator forbids overriding export_saved_model itself): the
+        PREDICT graph rebuilt with stock lookups (serving/), on this process alone."""
+        checkpoint_path = serving_export.resolve_checkpoint(checkpoint_path or self.model_dir)
+        with serving_export.exporting(checkpoint_path):
+            return super()._export_all_saved_models(export_dir_base, input_receiver_fn_map, assets_extra=assets_extra,
+                                                    as_text=as_text, checkpoint_path=checkpoint_path,
+                                                    strip_default_attrs=strip_default_attrs)
 
     def _add_rank_hooks(self, spec, mode):
         state = _runtime_config().graph_state()
@@ -119,6 +133,23 @@ class Estimator(tf.estimator.Estimator):
         if mode == tf.estimator.ModeKeys.EVAL:
             return spec._replace(evaluation_hooks=list(spec.evaluation_hooks) + hooks)
         return spec._replace(prediction_hooks=list(spec.prediction_hooks) + hooks)
+
+
+def _export_spec(spec, exporting, features):
+    """The PREDICT spec of an export: no hooks (nothing of the key pipeline runs), and a scaffold
+    whose saver fills the stock tables from the checkpoint and saves them with the dense variables."""
+    if spec.mode != tf.estimator.ModeKeys.PREDICT:
+        raise ValueError(f"export_saved_model: exports the PREDICT graph; model_fn returned a {spec.mode} spec")
+    if isinstance(features, dict):
+        predictions = spec.predictions.values() if isinstance(spec.predictions, dict) else [spec.predictions]
+        unread = serving_export.unread_features(exporting, features, predictions)
+        if unread:
+            raise ValueError(f"export_saved_model: the serving receiver's feature(s) {unread} are not used by the "
+                             f"model (nothing in its graph reads them); the receiver has {sorted(features)}")
+    scaffold = tf.compat.v1.train.Scaffold(saver=serving_export.ExportSaver(exporting),
+                                           local_init_op=tf.group(tf.compat.v1.local_variables_initializer(),
+                                                                  tf.compat.v1.tables_initializer()))
+    return spec._replace(scaffold=scaffold, prediction_hooks=[])
 
 
 def _runtime_config():

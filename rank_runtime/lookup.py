@@ -7,6 +7,7 @@ from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from .optimizers import by_address
 from .routing import FeatureRouting
+from .serving import export as serving_export
 from .table import EmbeddingTable
 from .validation import INT32_MAX, check_bool, check_int, check_type
 from .world import get_world
@@ -132,6 +133,9 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
                   batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None,
                   **kwargs) -> tf.Tensor:
     """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
+    exporting = serving_export.active()
+    if exporting is not None:  # an export graph: a stock lookup of the receiver's ids (serving/)
+        return exporting.lookup(hashtable, ids, batch, serving_default_value, name)
     cfg = config.get_config()
     send_count = _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph,
                                    access_and_evict_config, is_grad, kwargs)

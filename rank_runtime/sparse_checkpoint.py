@@ -147,16 +147,22 @@ def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed save (a full disk) leaves no half shard behind
         raise
+    # A shard of the same step written before (a repeated save) is replaced as a whole.
+    move_into_place(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def move_into_place(tmp: str, final: str) -> None:
+    """Renames the finished directory `tmp` to `final`; a directory already at `final` is replaced
+    as a whole (moved aside first, removed after), never merged."""
     if os.path.exists(final):
-        # A shard of the same step written before (a repeated save): replaced as a whole.
         old = f"{final}.old-{os.getpid()}"
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(root)
-    return final
 
 
 def read_manifest(shard_dir: str) -> dict:

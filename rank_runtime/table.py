@@ -19,6 +19,7 @@ from tensorflow.core.framework import attr_value_pb2
 from . import config, native_ops
 from .logs import get_logger, warn_once
 from .row_store import make_store
+from .serving import export as serving_export
 from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
 from .validation import check_choice, check_int, check_number, check_type
 from .world import get_world
@@ -261,6 +262,9 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed."""
     owner = "create_table"
+    exporting = serving_export.active()
+    if exporting is not None:  # an export graph: the table's rows come from the checkpoint (serving/)
+        return exporting.table(name, _key_dtype(key_dtype), _dim(dim))
     cfg = config.get_config()
     key_dtype = _key_dtype(key_dtype)
     dim = _dim(dim)

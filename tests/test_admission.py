@@ -503,3 +503,30 @@ def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):
     assert _by_key(parts, "pending_keys", "pending_counts", "pending_last_seen") == {
         k: tuple(v) for k, v in model.pending.items()}
     assert model.evicted
+    _served_rows_are_the_admitted_keys_rows(latest, parts, model, tmp_path)
+
+
+def _served_rows_are_the_admitted_keys_rows(checkpoint, parts, model, tmp_path):
+    """The checkpoint exported (a FeatureSpec lookup, a serving default) and served without shardrec:
+    an admitted key reads its row, a pending, evicted or never seen key the default."""
+    import admission_estimator
+    from serving_helpers import serve
+
+    from shardrec.rank_runtime.serving.export import export_saved_model
+
+    default = -3.0  # neither a trained row's value nor the initial 0.25
+
+    def outputs(features):
+        table = create_table(key_dtype=tf.int64, dim=job.DIM, name="emb",
+                             emb_initializer=tf.compat.v1.constant_initializer(job.INIT), device_vocabulary_size=4096)
+        return {"emb": sparse_lookup(table, admission_estimator.spec(), batch=features, serving_default_value=default)}
+
+    export_saved_model(checkpoint, str(tmp_path / "export"), outputs, {"ids": tf.TensorSpec([None], tf.int64)})
+    rows = {int(k): v for p in parts for k, v in zip(p["keys"], p["values"])}
+    evicted = {key for _, key in model.evicted}
+    absent = sorted((set(model.pending) | evicted) - set(rows)) + [2**40 + 7]
+    ids = np.array(sorted(rows) + absent, np.int64)
+    emb = serve(tmp_path / "export", {"ids": ids}, tmp_path)["emb"]
+    np.testing.assert_array_equal(emb[:len(rows)], np.stack([rows[k] for k in sorted(rows)]))
+    np.testing.assert_array_equal(emb[len(rows):], np.full((len(absent), job.DIM), default, np.float32))
+    assert set(model.pending) - set(rows) and evicted - set(rows), "the test has keys of both kinds"

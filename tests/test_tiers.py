@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_helpers import check, mpiexec
+from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import FeatureSpec, batched_iterator
 from shardrec.native import core as native
 from shardrec.rank_runtime import lifecycle, create_table, start_asc_pipeline, tiers
+
+sys.path.insert(0, JOBS)
 
 ATOL = 1e-5
 
@@ -187,12 +189,18 @@ def test_estimator_train_evaluate_predict_with_an_ssd_tier(tmp_path):
     ssd = tmp_path / "ssd"
     ssd.mkdir()
     check(mpiexec(2, "estimator_flow.py", tmp_path / "model", tmp_path / "out", timeout=400,
-                  env={"SSD_DIR": str(ssd)}))
+                  env={"SSD_DIR": str(ssd), "EXPORT_DIR": str(tmp_path / "export")}))
+    from estimator_flow import EVAL_ROWS, data
+    from serving_helpers import serve, the_export
+
     for r in range(2):
         out = json.loads((tmp_path / f"out-rank{r}.json").read_text())
         assert out["metrics"]["auc"] == pytest.approx(out["session_auc"], abs=1e-5)
         np.testing.assert_allclose(out["pred_probs"], out["session_probs"], atol=1e-5)
         assert out["restored_keys"] > 2 * 220, "more keys than the memory tier: the rest restored to SSD"
+        # Served from the SavedModel (rows of both tiers), by a process without shardrec.
+        served = serve(the_export(tmp_path / "export"), data(EVAL_ROWS, 100 + r)[0], tmp_path)
+        np.testing.assert_allclose(served["prob"], out["pred_probs"], atol=1e-5)
     assert os.listdir(ssd) == []
 
 

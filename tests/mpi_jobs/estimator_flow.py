@@ -60,11 +60,11 @@ def forward(features, is_train):
         h = tf.compat.v1.layers.dense(tf.concat([tf.reshape(emb, [-1, FIELDS * DIM]), features["x"]], 1), 16,
                                       tf.nn.relu, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=4))
         logit = tf.squeeze(tf.compat.v1.layers.dense(h, 1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=5)), 1)
-    return table, logit
+    return table, logit, emb
 
 
 def model_fn(features, labels, mode):
-    table, logit = forward(features, mode == tf.estimator.ModeKeys.TRAIN)
+    table, logit, _ = forward(features, mode == tf.estimator.ModeKeys.TRAIN)
     prob = tf.sigmoid(logit)
     if mode == tf.estimator.ModeKeys.PREDICT:
         return tf.estimator.EstimatorSpec(mode, predictions={"prob": prob, "row": features["row"]})
@@ -79,13 +79,28 @@ def model_fn(features, labels, mode):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+def serving_receiver():
+    """The raw features a served model takes: ids as int64, the dense inputs, the row number."""
+    features = {"ids": tf.compat.v1.placeholder(tf.int64, [None, FIELDS], name="ids"),
+                "x": tf.compat.v1.placeholder(tf.float32, [None, DENSE], name="x"),
+                "row": tf.compat.v1.placeholder(tf.int64, [None], name="row")}
+    return tf.estimator.export.ServingInputReceiver(features, features)
+
+
+def serving_outputs(features):
+    """tf.Session mode's export function: the inference graph from raw features, with the looked-up
+    rows as an output too (the test compares them with the checkpoint's rows)."""
+    _, logit, emb = forward(features, False)
+    return {"prob": tf.sigmoid(logit), "emb": emb}
+
+
 def session_evaluation(checkpoint, rank):
     """The oracle: the same eval graph in tf.Session mode, restored from the Estimator's checkpoint."""
     with tf.Graph().as_default():
         dataset = input_fn("eval", rank)()
         iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
         features, labels = iterator.get_next()
-        table, logit = forward(features, False)
+        table, logit, _ = forward(features, False)
         prob = tf.sigmoid(logit)
         auc, update = tf.compat.v1.metrics.auc(labels, prob)
         saver = tf.compat.v1.train.Saver()
@@ -114,6 +129,9 @@ def main(model_dir, out_prefix):
     preds = list(est.predict(input_fn("predict", rank), hooks=[GraphModifierHook()]))
     checkpoint = tf.train.latest_checkpoint(model_dir)
     auc, probs, size = session_evaluation(checkpoint, rank)
+    if os.environ.get("EXPORT_DIR") and rank == 0:
+        # While the other rank carries on: the export needs no other rank.
+        est.export_saved_model(os.environ["EXPORT_DIR"], serving_receiver)
     with open(f"{out_prefix}-rank{rank}.json", "w") as f:
         json.dump({"rank": rank, "size": get_rank_size(), "metrics": {k: float(v) for k, v in metrics.items()},
                    "session_auc": auc, "session_probs": probs.tolist(), "checkpoint": checkpoint,

@@ -1,0 +1,147 @@
+"""Serving: a model trained on 2 ranks, exported as a SavedModel of stock TensorFlow ops and served
+by a process that imports TensorFlow only (serving_helpers.serve), against the training job's own
+predictions and the checkpoint's rows."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpi_helpers import JOBS, check, mpiexec
+from serving_helpers import serve, the_export
+
+sys.path.insert(0, JOBS)
+
+RECEIVER = {"ids": tf.TensorSpec([None, 5], tf.int64), "x": tf.TensorSpec([None, 3], tf.float32),
+            "row": tf.TensorSpec([None], tf.int64)}
+SESSION_INPUTS = {k: v for k, v in RECEIVER.items() if k != "row"}  # serving_outputs does not return it
+UNSEEN = 10**12  # no key of estimator_flow's data is this large
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """estimator_flow on 2 ranks; rank 0 exports with Estimator.export_saved_model at the end."""
+    d = tmp_path_factory.mktemp("serving")
+    check(mpiexec(2, "estimator_flow.py", d / "model", d / "out", timeout=400,
+                  env={"EXPORT_DIR": str(d / "estimator_export")}))
+    return d, [json.loads((d / f"out-rank{r}.json").read_text()) for r in range(2)]
+
+
+def _held_out(rank):
+    from estimator_flow import EVAL_ROWS, data
+
+    features, _ = data(EVAL_ROWS, 100 + rank)
+    return features
+
+
+def _checkpoint_rows(checkpoint):
+    """key -> row of the table 'emb', every rank's shard, read by the checkpoint tool's reader."""
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+
+    rows = table_rows(find_checkpoints(checkpoint)[0], "emb")
+    return dict(zip(rows["keys"].tolist(), rows["values"]))
+
+
+def test_an_estimator_export_predicts_what_the_training_job_predicted_without_shardrec(trained, tmp_path):
+    d, ranks = trained
+    export = the_export(d / "estimator_export")
+    assert os.path.getsize(os.path.join(export, "saved_model.pb")) < 200_000, "rows are variables, not constants"
+    for rank, out in enumerate(ranks):
+        served = serve(export, _held_out(rank), tmp_path)
+        np.testing.assert_allclose(served["prob"], out["pred_probs"], atol=1e-5)
+        np.testing.assert_array_equal(served["row"], out["pred_rows"])
+
+
+def test_a_session_mode_export_serves_the_checkpoint_s_rows_and_zeros_for_unseen_keys(trained, tmp_path):
+    from estimator_flow import serving_outputs
+
+    from shardrec.rank_runtime.serving.export import export_saved_model
+
+    d, ranks = trained
+    checkpoint = ranks[0]["checkpoint"]
+    summary = export_saved_model(str(d / "model"), str(tmp_path / "session_export"), serving_outputs, SESSION_INPUTS)
+    assert summary.checkpoint == checkpoint
+    assert [(t.name, t.dim) for t in summary.tables] == [("emb", 8)]
+    rows = _checkpoint_rows(checkpoint)
+    assert summary.tables[0].rows == len(rows)
+    features = _held_out(1)
+    del features["row"]
+    features["ids"][:3] = UNSEEN + np.arange(15).reshape(3, 5)  # three samples of unseen ids
+    served = serve(tmp_path / "session_export", features, tmp_path)
+    emb = served["emb"]
+    assert emb.shape == (len(features["ids"]), 5, 8)
+    np.testing.assert_array_equal(emb[:3], 0.0)
+    for sample, ids in enumerate(features["ids"][3:], start=3):
+        for field, key in enumerate(ids):
+            want = rows.get(int(key), np.zeros(8, np.float32))
+            np.testing.assert_array_equal(emb[sample, field], want, err_msg=f"key {key}")
+    np.testing.assert_allclose(served["prob"][3:], ranks[1]["pred_probs"][3:], atol=1e-5)
+
+
+def test_the_export_command_writes_what_saved_model_cli_shows(trained, tmp_path):
+    d, ranks = trained
+    out = tmp_path / "cli_export"
+    bin_dir = os.path.dirname(sys.executable)
+    args = [os.path.join(bin_dir, "shardrec-export"), str(d / "model"), "--out", str(out),
+            "--model-fn", os.path.join(JOBS, "estimator_flow.py") + ":model_fn",
+            "--feature", "ids=int64[-1,5]", "--feature", "x=float32[-1,3]", "--feature", "row=int64[-1]"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "table emb: " in done.stdout and "signature serving_default" in done.stdout
+    np.testing.assert_allclose(serve(out, _held_out(0), tmp_path)["prob"], ranks[0]["pred_probs"], atol=1e-5)
+    shown = subprocess.run([os.path.join(bin_dir, "saved_model_cli"), "show", "--dir", str(out), "--all"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for name, dtype, shape in (("ids", "DT_INT64", "(-1, 5)"), ("x", "DT_FLOAT", "(-1, 3)"), ("row", "DT_INT64", "(-1)")):
+        assert f"inputs['{name}'] tensor_info:\n        dtype: {dtype}\n        shape: {shape}" in shown.stdout, shown.stdout
+    again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 2 and "exists" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_a_job_restored_into_one_rank_predicts_and_exports_the_same(trained, tmp_path):
+    d, ranks = trained
+    shutil.copytree(d / "model", tmp_path / "model")
+    # One rank, the 2-rank checkpoint at its last step: nothing left to train, predict restores it.
+    check(mpiexec(1, "estimator_flow.py", tmp_path / "model", tmp_path / "out", timeout=400,
+                  env={"EXPORT_DIR": str(tmp_path / "export")}))
+    one = json.loads((tmp_path / "out-rank0.json").read_text())
+    assert one["size"] == 1 and one["checkpoint"] == ranks[0]["checkpoint"].replace(str(d), str(tmp_path))
+    np.testing.assert_allclose(one["pred_probs"], ranks[0]["pred_probs"], atol=1e-5)
+    served = serve(the_export(tmp_path / "export"), _held_out(0), tmp_path)
+    np.testing.assert_allclose(served["prob"], ranks[0]["pred_probs"], atol=1e-5)
+
+
+def test_an_export_refuses_an_existing_directory_a_damaged_checkpoint_and_an_unknown_feature(trained, tmp_path):
+    from estimator_flow import serving_outputs
+
+    from shardrec.rank_runtime import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.serving.export import export_saved_model
+
+    d, ranks = trained
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(FileExistsError, match="exists; choose a new directory, or pass overwrite=True"):
+        export_saved_model(str(d / "model"), str(existing), serving_outputs, SESSION_INPUTS)
+    assert os.listdir(existing) == []
+
+    extra = dict(SESSION_INPUTS, clicks=tf.TensorSpec([None], tf.int64))
+    with pytest.raises(ValueError, match=r"input feature\(s\) \['clicks'\] are not used by the model"):
+        export_saved_model(str(d / "model"), str(tmp_path / "extra"), serving_outputs, extra)
+    assert not (tmp_path / "extra").exists()
+
+    shutil.copytree(d / "model", tmp_path / "model")
+    checkpoint = ranks[0]["checkpoint"].replace(str(d), str(tmp_path))
+    shard = os.path.join(fmt.sparse_dir(checkpoint), fmt.shard_name(1, 2))
+    values = os.path.join(shard, fmt.read_manifest(shard)["tables"]["emb"]["files"]["values"]["file"])
+    with open(values, "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(fmt.CheckpointError, match="checksum mismatch .*table 'emb' values.*corrupt"):
+        export_saved_model(checkpoint, str(tmp_path / "damaged"), serving_outputs, SESSION_INPUTS)
+    assert not (tmp_path / "damaged").exists()
+    assert [e for e in os.listdir(tmp_path) if e.startswith(".damaged")] == [], "no half-written export left"
