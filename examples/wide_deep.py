@@ -32,7 +32,7 @@ from mx_rec.core.embedding import create_table, sparse_lookup  # noqa: E402
 from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
-from shardrec.rank_runtime import report, resume_checkpoint  # noqa: E402
+from shardrec.rank_runtime import export_saved_model, report, resume_checkpoint  # noqa: E402
 from shardrec.rank_runtime.logs import get_logger  # noqa: E402
 from shardrec.rank_runtime.step_profile import StepTimeline, row_exchange_share, traced_run_options  # noqa: E402
 from shardrec.rank_runtime.channel import Channel  # noqa: E402
@@ -54,6 +54,10 @@ def parse_args(argv=None):
                    help="where the Saver writes (dir/model-<step>); a checkpoint already there is resumed")
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default 0: at the end only)")
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="after training, rank 0 exports the model for serving (a SavedModel of stock TensorFlow ops)")
+    p.add_argument("--eval-predictions", default=None, metavar="PREFIX",
+                   help="each rank writes its held-out predictions to PREFIX-rank<r>.npy")
     p.add_argument("--warmup-steps", type=int, default=20,
                    help="steps before the throughput clock starts (session start, table initialisation, first "
                         "batches excluded)")
@@ -122,6 +126,25 @@ def model_forward(batch, tables, tower, send_count, is_train):
     return loss, tf.sigmoid(logit)
 
 
+def serving_model(features):
+    """The inference graph from raw features ("cat" ids, "dense" inputs) to "prob", for the export:
+    export_saved_model calls it in a graph of its own, where tables are stock lookups filled from
+    the checkpoint (so the initializers here are never run). Also the --model-fn of shardrec-export."""
+    tables = [create_table(key_dtype=tf.int64, dim=DEEP_DIM, name="deep_table",
+                           emb_initializer=tf.compat.v1.zeros_initializer()),
+              create_table(key_dtype=tf.int64, dim=1, name="wide_table", emb_initializer=tf.compat.v1.zeros_initializer())]
+    deep_spec, wide_spec = feature_specs()
+    deep = sparse_lookup(tables[0], deep_spec, batch=features, is_train=False)
+    wide = sparse_lookup(tables[1], wide_spec, batch=features, is_train=False)
+    return {"prob": tf.sigmoid(DenseTower()(deep, wide, features["dense"]))}
+
+
+def export_for_serving(checkpoint, export_dir):
+    inputs = {"cat": tf.TensorSpec([None, criteo_synth.NUM_CAT], tf.int64),
+              "dense": tf.TensorSpec([None, criteo_synth.NUM_DENSE], tf.float32)}
+    return export_saved_model(checkpoint, export_dir, serving_model, inputs)
+
+
 def main(argv=None):
     args = parse_args(argv)
     tf.compat.v1.disable_eager_execution()
@@ -175,6 +198,8 @@ def main(argv=None):
                 break
             probs.append(p)
             labels.append(y)
+        if args.eval_predictions:
+            np.save(f"{args.eval_predictions}-rank{rank}.npy", np.concatenate(probs))
         return criteo_synth.auc(np.concatenate(labels), np.concatenate(probs))
 
     os.makedirs(args.model_dir, exist_ok=True)
@@ -247,6 +272,9 @@ def main(argv=None):
                f"train_s={train_seconds:.2f} row_exchange_share={f'{np.median(shares):.3f}' if shares else 'n/a'} "
                f"tables (this rank/all ranks): {sizes} saved={path}")
     print(summary, flush=True)
+    if args.export and rank == 0:
+        # One process reads every rank's shard of the checkpoint just saved; the others are done.
+        export_for_serving(path, args.export)
     terminate_config_initializer()
     return auc
 

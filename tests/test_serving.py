@@ -145,3 +145,30 @@ def test_an_export_refuses_an_existing_directory_a_damaged_checkpoint_and_an_unk
         export_saved_model(checkpoint, str(tmp_path / "damaged"), serving_outputs, SESSION_INPUTS)
     assert not (tmp_path / "damaged").exists()
     assert [e for e in os.listdir(tmp_path) if e.startswith(".damaged")] == [], "no half-written export left"
+
+
+def test_the_session_mode_demo_exports_a_model_that_serves_its_own_evaluation(tmp_path):
+    """examples/wide_deep.py (tf.Session mode, FeatureSpec lookups, two tables over one id tensor)
+    on 2 ranks with --export: the served model predicts each rank's held-out samples as the job's
+    own evaluation did; then the same checkpoint through shardrec-export with the demo's function."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "examples"))
+    import criteo_synth
+
+    demo = os.path.join(root, "examples", "wide_deep.py")
+    check(mpiexec(2, demo, "--steps", "40", "--batch-size", "128", "--eval-samples", "1024", "--model-dir",
+                  tmp_path / "model", "--export", tmp_path / "export", "--eval-predictions", tmp_path / "eval",
+                  timeout=400))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cli = subprocess.run([os.path.join(os.path.dirname(sys.executable), "shardrec-export"), str(tmp_path / "model"),
+                          "--out", str(tmp_path / "cli"), "--model-fn", demo + ":serving_model",
+                          "--feature", "cat=int64[-1,26]", "--feature", "dense=float32[-1,13]"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    for rank in range(2):
+        held_out = criteo_synth.make_dataset(1024, seed=2024, sample_seed=2024 * 31 + 10_000 + rank)
+        features = {"cat": held_out["cat"], "dense": held_out["dense"]}
+        want = np.load(tmp_path / f"eval-rank{rank}.npy")
+        for export in ("export", "cli"):
+            np.testing.assert_allclose(serve(tmp_path / export, features, tmp_path)["prob"], want, atol=1e-5,
+                                       err_msg=f"{export}, rank {rank}")

@@ -83,12 +83,14 @@ class ServingExport:
         if isinstance(ids, (list, tuple)) and len(ids) == 1:
             ids = ids[0]
         if isinstance(ids, FeatureSpec):
-            if batch is None or ids.name not in batch:
+            # The raw ids the spec reads from a batch (its index_key, its name by default).
+            key = ids.index_key
+            if not isinstance(batch, dict) or key not in batch:
                 have = sorted(batch) if isinstance(batch, dict) else []
-                raise KeyError(f"sparse_lookup: feature {ids.name!r} of table {table.table_name!r} is not among the "
+                raise KeyError(f"sparse_lookup: feature {key!r} of table {table.table_name!r} is not among the "
                                f"serving receiver's features {have}")
-            self.features_read.add(ids.name)
-            ids = batch[ids.name]
+            self.features_read.add(key)
+            ids = batch[key]
         return table.lookup(tf.convert_to_tensor(ids), serving_default_value, name)
 
     def variables(self) -> list:
