@@ -16,6 +16,9 @@ Checkpoints are taken by step (save_checkpoints_steps): a time-based schedule wo
 different steps on different ranks, and a checkpoint needs every rank's shard of the same step.
 """
 
+import os
+import shutil
+
 import tensorflow as tf
 from tensorflow.python.training import training_util
 from tensorflow.python.util import function_utils
@@ -113,10 +116,19 @@ class Estimator(tf.estimator.Estimator):
         """export_saved_model's work (Estimator forbids overriding export_saved_model itself): the
         PREDICT graph rebuilt with stock lookups (serving/), on this process alone."""
         checkpoint_path = serving_export.resolve_checkpoint(checkpoint_path or self.model_dir)
-        with serving_export.exporting(checkpoint_path):
-            return super()._export_all_saved_models(export_dir_base, input_receiver_fn_map, assets_extra=assets_extra,
-                                                    as_text=as_text, checkpoint_path=checkpoint_path,
-                                                    strip_default_attrs=strip_default_attrs)
+        base = os.fsdecode(export_dir_base)
+        before = set(os.listdir(base)) if os.path.isdir(base) else set()
+        try:
+            with serving_export.exporting(checkpoint_path):
+                return super()._export_all_saved_models(
+                    export_dir_base, input_receiver_fn_map, assets_extra=assets_extra, as_text=as_text,
+                    checkpoint_path=checkpoint_path, strip_default_attrs=strip_default_attrs)
+        except BaseException:
+            # TensorFlow leaves its half-written temp-<timestamp> directory behind when an export fails.
+            for entry in set(os.listdir(base)) - before if os.path.isdir(base) else ():
+                if entry.startswith("temp-"):
+                    shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+            raise
 
     def _add_rank_hooks(self, spec, mode):
         state = _runtime_config().graph_state()

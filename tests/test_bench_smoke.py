@@ -60,3 +60,16 @@ def test_short_benchmark_writes_every_row(tmp_path):
         assert row["shardrec"] > 0 and row["peer_value"] > 0 and row["disk"]["random_4k_iops"] > 0, row
         assert row["tiers"]["rows_on_ssd"] > row["tiers"]["rows_in_memory"] > 0, row
         assert 0 < row["tiers"]["memory_hit_ratio"] < 1 and row["tiers"]["ssd_bytes_read_per_step"] > 0, row
+
+
+def test_the_export_benchmark_serves_its_rows_from_variables(tmp_path):
+    """bench/export.py on a small table: the served rows are checked inside it (a process without
+    shardrec), and the rows land in the variables files, not the graph proto."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "export.py"), "--rows", "50000",
+                           "--dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["rows"] == 50000 and result["variables_bytes"] >= 50000 * 16 * 4
+    assert result["graph_proto_bytes"] < 100_000
+    assert not (tmp_path / "work").exists(), "the benchmark removes what it wrote"

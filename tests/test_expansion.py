@@ -259,3 +259,25 @@ def test_a_restore_over_the_memory_limit_is_refused_before_anything_is_loaded(tm
                 tf.compat.v1.train.Saver().restore(sess, path)
             assert table.size() == 0, "nothing was loaded"
         lifecycle.terminate_config_initializer()
+
+
+def test_a_grown_table_exports_every_row_for_serving(tmp_path):
+    """A table grown by expansion past its first chunk, exported from its checkpoint and served
+    by a process without shardrec: each key reads its saved row, an unseen key zeros."""
+    from serving_helpers import serve
+
+    from shardrec.rank_runtime import export_saved_model
+
+    saved, _, _ = _save_and_restore(tmp_path, True, True)
+    assert len(saved["keys"]) > 4096
+
+    def outputs(features):
+        table = create_table(tf.int64, DIM, "emb", tf.compat.v1.zeros_initializer())
+        return {"emb": sparse_lookup(table, FeatureSpec("ids", table_name="emb"), batch=features)}
+
+    export_saved_model(str(tmp_path / "model-10"), str(tmp_path / "export"), outputs,
+                       {"ids": tf.TensorSpec([None], tf.int64)})
+    ids = np.append(saved["keys"], 2**50)
+    emb = serve(tmp_path / "export", {"ids": ids}, tmp_path)["emb"]
+    np.testing.assert_array_equal(emb[:-1], saved["values"])
+    np.testing.assert_array_equal(emb[-1], np.zeros(DIM, np.float32))

@@ -172,3 +172,20 @@ def test_the_session_mode_demo_exports_a_model_that_serves_its_own_evaluation(tm
         for export in ("export", "cli"):
             np.testing.assert_allclose(serve(tmp_path / export, features, tmp_path)["prob"], want, atol=1e-5,
                                        err_msg=f"{export}, rank {rank}")
+
+
+def test_an_estimator_export_names_a_receiver_feature_the_model_does_not_read(trained, runtime, tmp_path):
+    from estimator_flow import model_fn, serving_receiver
+
+    from shardrec.rank_runtime import Estimator
+
+    d, _ = trained
+
+    def receiver():
+        plain = serving_receiver()
+        features = dict(plain.features, clicks=tf.compat.v1.placeholder(tf.int64, [None], name="clicks"))
+        return tf.estimator.export.ServingInputReceiver(features, features)
+
+    with pytest.raises(ValueError, match=r"receiver's feature\(s\) \['clicks'\] are not used by the model"):
+        Estimator(model_fn, model_dir=str(d / "model")).export_saved_model(str(tmp_path / "exports"), receiver)
+    assert not (tmp_path / "exports").exists() or os.listdir(tmp_path / "exports") == []
