@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned_vector.h"
 #include "batch_dedup.h"
 #include "channel.h"
 #include "channel_comm.h"
@@ -63,11 +64,11 @@ struct FeatureSet {
 // One feature's result for one batch: how the lookup moves its rows (rank_runtime/routing.py
 // files the same fields, by the same names, into the dataset element).
 struct FeatureRouting {
-  std::vector<int32_t> rows;         // the distinct local rows this rank gathers for its requesters
-  std::vector<int32_t> expand;       // per received key, its row among `rows` (empty: identity)
-  std::vector<int32_t> send_splits;  // rows going out to each requester
-  std::vector<int32_t> recv_splits;  // rows coming back from each owner (what this rank sent it keys for)
-  std::vector<int32_t> restore;      // per id of the batch: its row among those that come back
+  RoutingVector rows;         // the distinct local rows this rank gathers for its requesters
+  RoutingVector expand;       // per received key, its row among `rows` (empty: identity)
+  RoutingVector send_splits;  // rows going out to each requester
+  RoutingVector recv_splits;  // rows coming back from each owner (what this rank sent it keys for)
+  RoutingVector restore;      // per id of the batch: its row among those that come back
   int32_t ticket = 0;                // the batch's ticket on the feature's table (residency.h)
 };
 
@@ -587,7 +588,7 @@ class KeyExchange {
   std::vector<int64_t> merged_keys_, merged_unique_, merged_meta_;
   std::vector<int32_t> merged_restore_, merged_rows_;
   std::vector<int64_t> owner_unique_;
-  std::vector<std::vector<int32_t>> restore_;
+  std::vector<RoutingVector> restore_;
   uint64_t coll_ns0_ = 0;
   uint64_t cpu_ns0_ = 0;
   ExchangeCounters counters_;

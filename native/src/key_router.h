@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned_vector.h"
 #include "batch_dedup.h"
 #include "channel_comm.h"
 
@@ -38,7 +39,7 @@ struct BatchTimestamps {
 class KeyRouter {
  public:
   // Dedups and buckets every feature; restore[f][i] is id i's index among feature f's unique ids.
-  void bucket(const std::vector<RouterInput>& in, int world, std::vector<std::vector<int32_t>>& restore,
+  void bucket(const std::vector<RouterInput>& in, int world, std::vector<RoutingVector>& restore,
               BatchTimestamps ts = {}) {
     nf_ = in.size();
     world_ = world;

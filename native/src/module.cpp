@@ -39,11 +39,11 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
 }
 
 // A vector handed over to numpy without a copy: a checkpoint's rows may be most of the memory.
-template <typename T>
-py::array_t<T> hand_over(std::vector<T>&& v, std::vector<py::ssize_t> shape = {}) {
+template <typename T, typename Alloc>
+py::array_t<T> hand_over(std::vector<T, Alloc>&& v, std::vector<py::ssize_t> shape = {}) {
   if (shape.empty()) shape = {static_cast<py::ssize_t>(v.size())};
-  auto* owned = new std::vector<T>(std::move(v));
-  py::capsule release(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  auto* owned = new std::vector<T, Alloc>(std::move(v));
+  py::capsule release(owned, [](void* p) { delete static_cast<std::vector<T, Alloc>*>(p); });
   return py::array_t<T>(shape, owned->data(), release);
 }
 
@@ -134,7 +134,7 @@ struct RoutingArrays {
         send_splits(hand_over(std::move(r.send_splits))),
         recv_splits(hand_over(std::move(r.recv_splits))),
         restore(hand_over(std::move(r.restore))),
-        ticket(hand_over(std::vector<int32_t>{r.ticket})) {}
+        ticket(hand_over(shardrec::RoutingVector{r.ticket})) {}
 };
 
 void bind_routing(py::module_& m) {
