@@ -583,11 +583,11 @@ class KeyExchange {
   std::atomic<bool> evict_asked_{false};
   const bool allocate_;
   KeyRouter router_;
-  BatchDedup owner_dedup_;
+  RowDedup owner_dedup_;
   BatchDedup key_dedup_;  // merges the requesters' keys of a counted feature
   std::vector<int64_t> merged_keys_, merged_unique_, merged_meta_;
   std::vector<int32_t> merged_restore_, merged_rows_;
-  std::vector<int64_t> owner_unique_;
+  std::vector<int32_t> owner_unique_;
   std::vector<RoutingVector> restore_;
   uint64_t coll_ns0_ = 0;
   uint64_t cpu_ns0_ = 0;
