@@ -1,13 +1,14 @@
 """shardrec-export: a trained model as a SavedModel that stock TensorFlow serves.
 
-    shardrec-export CHECKPOINT_OR_MODEL_DIR --out DIR --model-fn FILE.py:NAME (or module:NAME)
+    shardrec-export CHECKPOINT_OR_MODEL_DIR [PREFIX ...] --out DIR --model-fn FILE.py:NAME (or module:NAME)
                     --feature NAME=DTYPE[SHAPE] [--feature ...] [--params JSON] [--overwrite]
 
 The inference graph is rebuilt from the user's script: NAME is either an Estimator model_fn
 (features, labels, mode, params), called with mode PREDICT and exported with its predictions, or a
 function features -> {output name: tensor} (tf.Session mode). Each --feature declares one input of
 the signature, e.g. `--feature cat=int64[-1,26] --feature dense=float32[-1,13]` (-1: any size).
-Runs on one process without MPI; reads every rank's shard of the newest (or the given) checkpoint.
+Runs on one process without MPI; reads every rank's shard of the newest (or the given) checkpoint; a
+checkpoint saved under a path per rank (seed 001's `model-{rank}`) is given as every rank's prefix.
 Exit status: 0 written, 1 when the checkpoint is damaged or the model cannot be built, 2 on bad
 arguments (an --out that exists without --overwrite included).
 """
@@ -78,7 +79,8 @@ def as_outputs_fn(fn, params):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="shardrec-export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a model directory (its newest checkpoint) or a checkpoint prefix")
+    p.add_argument("checkpoint", nargs="+", help="a model directory (its newest checkpoint), a checkpoint prefix, or "
+                   "every rank's prefix of a checkpoint saved under a path per rank")
     p.add_argument("--out", required=True, help="the SavedModel directory to write")
     p.add_argument("--model-fn", required=True, help="FILE.py:NAME or module:NAME")
     p.add_argument("--feature", action="append", type=_feature, required=True, metavar="NAME=DTYPE[SHAPE]")
@@ -105,7 +107,8 @@ def main(argv=None):
         print(f"shardrec-export: {e}", file=sys.stderr)
         return 2
     try:
-        summary = export_saved_model(args.checkpoint, args.out, fn, dict(args.feature), overwrite=args.overwrite)
+        checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
+        summary = export_saved_model(checkpoint, args.out, fn, dict(args.feature), overwrite=args.overwrite)
     except (CheckpointError, ValueError, KeyError, TypeError, FileExistsError, tf.errors.OpError) as e:
         print(f"shardrec-export: {e}", file=sys.stderr)
         return 1

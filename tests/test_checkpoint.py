@@ -18,6 +18,7 @@ import tensorflow as tf
 from mpi_helpers import JOBS, check, mpiexec
 
 JOB = "ckpt_job.py"
+sys.path.insert(0, JOBS)
 
 
 def checkpoint_state(directory, latest_filename=None):
@@ -102,6 +103,7 @@ def test_per_rank_paths_restore_into_the_same_ranks_only(tmp_path):
     assert os.path.exists(tmp_path / "model-0-6.index") and os.path.exists(tmp_path / "model-1-6.index")
     # Seed 001's loop: each rank's latest_checkpoint is its own, in this job and in the next.
     assert _latest(proc) == {"0": "model-0-6", "1": "model-1-6"}
+    _per_rank_checkpoint_exports(tmp_path, [str(tmp_path / f"model-{r}-6") for r in (0, 1)])
     proc = check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "next", "--start", 6, "--end", 8, "--restore-latest",
                          tmp_path, "--save", tmp_path / "model", "--per-rank-prefix", timeout=240))
     assert _latest(proc) == {"0": "model-0-8", "1": "model-1-8"}
@@ -112,6 +114,35 @@ def test_per_rank_paths_restore_into_the_same_ranks_only(tmp_path):
     proc = mpiexec(1, JOB, "--out", tmp_path, "--tag", "bad", "--restore", tmp_path / "model-0-6", timeout=120)
     assert proc.returncode != 0
     assert "written by 2 ranks each under its own path" in proc.stderr and "same path on every rank" in proc.stderr
+
+
+def _per_rank_checkpoint_exports(tmp_path, prefixes):
+    """A checkpoint saved under a path per rank exports from every rank's prefix (and names them when
+    given one): served rows are both shards' rows, the dense variable rank 0's."""
+    from ckpt_job import DENSE, FIELDS
+    from serving_helpers import serve
+
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+    from shardrec.rank_runtime import create_table, export_saved_model, sparse_lookup
+    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+
+    def outputs(features):
+        table = create_table(tf.int64, 4, "emb", tf.compat.v1.zeros_initializer())
+        w = tf.compat.v1.get_variable("w", [FIELDS * 4 + DENSE, 1])
+        return {"emb": sparse_lookup(table, features["ids"], modify_graph=True), "w": tf.identity(w)}
+
+    inputs = {"ids": tf.TensorSpec([None], tf.int64)}
+    with pytest.raises(CheckpointError, match=r"rank\(s\) \[1\] of 2 are missing.*each under its own path.*every "
+                                              r"rank's checkpoint prefix"):
+        export_saved_model(prefixes[0], str(tmp_path / "one"), outputs, inputs)
+    export_saved_model(prefixes, str(tmp_path / "export"), outputs, inputs)
+    rows = {}
+    for prefix in prefixes:
+        part = table_rows(find_checkpoints(prefix)[0], "emb")
+        rows.update(zip(part["keys"].tolist(), part["values"]))
+    served = serve(tmp_path / "export", {"ids": np.array(sorted(rows), np.int64)}, tmp_path)
+    np.testing.assert_array_equal(served["emb"], np.stack([rows[k] for k in sorted(rows)]))
+    np.testing.assert_array_equal(served["w"], tf.train.load_variable(prefixes[0], "w"))
 
 
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_latest(tmp_path):

@@ -58,7 +58,7 @@ class ServingExport:
     """The export in progress: the checkpoint's tables, the stock tables built from them so far,
     and which receiver features the lookups read."""
 
-    def __init__(self, save_path: str):
+    def __init__(self, save_path):
         self.saved: SavedTables = saved_tables(save_path)
         self.tables = {}
         self.features_read = set()
@@ -121,8 +121,9 @@ def active() -> "ServingExport | None":
 
 
 @contextlib.contextmanager
-def exporting(save_path: str):
-    """Makes the graph built inside an export graph (create_table, sparse_lookup stock ops)."""
+def exporting(save_path):
+    """Makes the graph built inside an export graph (create_table, sparse_lookup stock ops);
+    save_path: a checkpoint prefix, or every rank's prefix of one saved under a path per rank."""
     global _active
     if _active is not None:
         raise RuntimeError("an export is already in progress in this process")
@@ -159,8 +160,11 @@ def unread_features(export: ServingExport, features: dict, outputs) -> list:
                   and isinstance(t, tf.Tensor) and not t.consumers() and id(t) not in returned)
 
 
-def resolve_checkpoint(path: str) -> str:
-    """A dense checkpoint prefix from a prefix or a model directory (its newest checkpoint)."""
+def resolve_checkpoint(path):
+    """A dense checkpoint prefix from a prefix or a model directory (its newest checkpoint); a list
+    (one prefix per rank, for per-rank paths) is kept as it is."""
+    if isinstance(path, (list, tuple)):
+        return [str(p) for p in path]
     if os.path.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest is None:
@@ -179,7 +183,9 @@ def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict,
                        ) -> ExportSummary:
     """Writes a SavedModel of stock TensorFlow ops to `export_dir` (tf.Session mode).
 
-    checkpoint: a dense checkpoint prefix (<dir>/model.ckpt-N) or a model directory (its newest).
+    checkpoint: a dense checkpoint prefix (<dir>/model.ckpt-N), a model directory (its newest), or
+    for a checkpoint saved under a path per rank (seed 001's `model-{rank}`) the list of every
+    rank's prefix.
     model_fn(features) -> {name: tensor}: the inference graph, built as in training (create_table,
     sparse_lookup with the features' tensors or FeatureSpecs and batch=features); it is called in
     a new graph with a placeholder for every entry of `inputs` ({name: tf.TensorSpec}).
@@ -202,9 +208,9 @@ def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict,
         saver = ExportSaver(export)
         signature = tf.compat.v1.saved_model.predict_signature_def(features, outputs)
         with tf.compat.v1.Session() as sess:
-            saver.restore(sess, save_path)
+            saver.restore(sess, export.saved.save_path)
             write_saved_model(sess, export_dir, {"serving_default": signature}, saver, overwrite)
-    summary = ExportSummary(export_dir, save_path, saver.exported, {k: _describe(t) for k, t in features.items()},
+    summary = ExportSummary(export_dir, export.saved.save_path, saver.exported, {k: _describe(t) for k, t in features.items()},
                             {k: _describe(t) for k, t in outputs.items()}, time.monotonic() - started)
     for line in summary.lines():
         log.info("%s", line)

@@ -54,17 +54,45 @@ class SavedTables:
         return keys, values
 
 
-def saved_tables(save_path: str) -> SavedTables:
-    """The tables of the checkpoint at `save_path`, every shard's manifest read and its files' sizes
-    checked; raises CheckpointError naming what is missing or damaged."""
-    if not os.path.exists(f"{save_path}.index"):
-        raise CheckpointError(f"{save_path}: the dense part of the checkpoint ({save_path}.index) is missing")
-    shards, size = find_shards(sparse_dir(save_path))
+def _all_shards(save_paths: list) -> tuple:
+    """({rank: shard directory}, world size) over the checkpoints at `save_paths`: one path for a
+    checkpoint every rank saved under the same path, one per rank for seed 001's `model-{rank}`."""
+    shards, sizes = {}, set()
+    for path in save_paths:
+        if not os.path.exists(f"{path}.index"):
+            raise CheckpointError(f"{path}: the dense part of the checkpoint ({path}.index) is missing")
+        found, size = find_shards(sparse_dir(path))
+        sizes.add(size)
+        for rank, shard in found.items():
+            if rank in shards:
+                raise CheckpointError(f"rank {rank}'s shard is in two of the checkpoints given: {shards[rank]} and "
+                                      f"{shard}")
+            shards[rank] = shard
+    if len(sizes) > 1:
+        raise CheckpointError(f"{save_paths}: written by different numbers of ranks {sorted(sizes)}")
+    size = sizes.pop()
     missing = [r for r in range(size) if r not in shards]
     if missing:
-        raise CheckpointError(f"{sparse_dir(save_path)}: the shards of rank(s) {missing} of {size} are missing; "
-                              "an export needs every rank's rows")
+        layout = read_manifest(next(iter(shards.values()))).get("layout")
+        how = (f"; it was written by {size} ranks each under its own path (saver.save(sess, f'dir/model-{{rank}}')): "
+               "give every rank's checkpoint prefix" if layout == "per_rank" else "")
+        raise CheckpointError(f"{save_paths[0] if len(save_paths) == 1 else save_paths}: the shards of rank(s) "
+                              f"{missing} of {size} are missing; an export needs every rank's rows{how}")
+    return shards, size
+
+
+def saved_tables(save_paths) -> SavedTables:
+    """The tables of the checkpoint at `save_paths` (a prefix, or one per rank for per-rank paths),
+    every shard's manifest read and its files' sizes checked; raises CheckpointError naming what is
+    missing or damaged. Its save_path is the prefix holding rank 0's shard (the dense part)."""
+    paths = [save_paths] if isinstance(save_paths, str) else list(save_paths)
+    if not paths:
+        raise CheckpointError("no checkpoint given")
+    shards, _ = _all_shards(paths)
     manifests = {r: read_manifest(d) for r, d in shards.items()}
+    steps = {m.get("step") for m in manifests.values()}
+    if len(steps) > 1:
+        raise CheckpointError(f"{paths}: the shards are of different steps {sorted(steps, key=str)}")
     tables = {}
     for rank, manifest in sorted(manifests.items()):
         for name, entry in manifest.get("tables", {}).items():
@@ -74,4 +102,5 @@ def saved_tables(save_path: str) -> SavedTables:
                 raise CheckpointError(f"{shards[rank]}: table {name!r} has dim {dim} ({key_dtype} keys) here and "
                                       f"dim {seen.dim} ({seen.key_dtype} keys) in another rank's shard")
             tables[name] = SavedTable(name, dim, key_dtype, (seen.rows if seen else 0) + int(entry["rows"]))
-    return SavedTables(save_path, shards, manifests, tables)
+    first = next(p for p in paths if os.path.dirname(shards[0]) == sparse_dir(p))
+    return SavedTables(first, shards, manifests, tables)
