@@ -8,8 +8,6 @@ import glob
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from shardrec.rank_runtime import sparse_checkpoint as fmt
 
 
@@ -107,12 +105,5 @@ def table_rows(ckpt, table):
     if not ckpt.ok:
         raise fmt.CheckpointError(f"{ckpt.sparse_dir}: damaged or incomplete: " +
                                   "; ".join(ckpt.problems + [p for s in ckpt.shards.values() for p in s.problems]))
-    parts = {}
-    for rank, shard in sorted(ckpt.shards.items()):
-        entry = shard.manifest["tables"].get(table)
-        if entry is None:
-            known = sorted(shard.manifest["tables"])
-            raise fmt.CheckpointError(f"{shard.path}: has no table {table!r}; it has {known}")
-        for name, item in entry["files"].items():
-            parts.setdefault(name, []).append(fmt.read_array(shard.path, item, f"table {table!r} {name}"))
-    return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+    shards = {rank: shard.path for rank, shard in ckpt.shards.items()}
+    return fmt.read_table(shards, {rank: shard.manifest for rank, shard in ckpt.shards.items()}, table)

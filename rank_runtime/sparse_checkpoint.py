@@ -368,3 +368,48 @@ def read_array(shard_dir: str, entry: dict, what: str) -> np.ndarray:
     stream = io.BytesIO(buf)
     shape, dtype = _parse_header(path, stream, entry)
     return np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape)
+
+
+def read_table(shards: dict, manifests: dict, table: str, names=None, extra_rows: int = 0, progress=None) -> dict:
+    """{array name: every rank's rows of `table` concatenated in rank order}, each file streamed
+    into one preallocated array and checked on the way (size, header, CRC-32), so that a table
+    passes through memory once. shards / manifests: {rank: shard directory / its manifest}.
+    names: the arrays to read (default: all the table's files); extra_rows: zero rows appended to
+    each. progress(rows done, rows in all) after each chunk. Raises CheckpointError."""
+    entries = {}
+    for rank, shard in sorted(shards.items()):
+        entry = manifests[rank].get("tables", {}).get(table)
+        if entry is None:
+            raise CheckpointError(f"{shard}/{MANIFEST}: has no table {table!r}; it has "
+                                  f"{sorted(manifests[rank].get('tables', {}))}")
+        entries[rank] = entry
+    names = list(names) if names is not None else sorted({n for e in entries.values() for n in e["files"]})
+    total = sum(int(item["shape"][0]) for entry in entries.values() for name, item in entry["files"].items()
+                if name in names)
+    out, done = {}, 0
+    for name in names:
+        items = {r: e["files"].get(name) for r, e in entries.items()}
+        for rank, item in items.items():
+            if item is None:
+                raise CheckpointError(f"{shards[rank]}: table {table!r} has no {name!r} array")
+            rows = (entries[rank].get("admission") or {}).get("pending_rows") if name in PENDING else entries[rank]["rows"]
+            if int(item["shape"][0]) != int(rows):
+                raise CheckpointError(f"{shards[rank]}: table {table!r} {name} holds {item['shape'][0]} rows, but the "
+                                      f"manifest says {rows}")
+        first = next(iter(items.values()))
+        rows = sum(int(item["shape"][0]) for item in items.values())
+        alloc = np.zeros if extra_rows else np.empty
+        array = alloc((rows + extra_rows, *first["shape"][1:]), np.dtype(first["dtype"]))
+        at = 0
+        for rank, item in sorted(items.items()):
+            if list(item["shape"][1:]) != list(first["shape"][1:]) or item["dtype"] != first["dtype"]:
+                raise CheckpointError(f"{shards[rank]}: table {table!r} {name} is {item['dtype']} {item['shape']}, "
+                                      f"another rank's is {first['dtype']} {first['shape']}")
+            for start, chunk in stream_array(shards[rank], item, f"table {table!r} {name}"):
+                array[at + start:at + start + len(chunk)] = chunk
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+            at += int(item["shape"][0])
+        out[name] = array
+    return out

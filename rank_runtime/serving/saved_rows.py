@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sparse_checkpoint import CheckpointError, find_shards, read_array, read_manifest, sparse_dir, stream_array
+from ..sparse_checkpoint import CheckpointError, find_shards, read_manifest, read_table, sparse_dir
 from ..logs import get_logger
 
 log = get_logger("shardrec.serving")
@@ -34,24 +34,9 @@ class SavedTables:
     def rows_of(self, name: str, progress=None) -> tuple:
         """(keys int64 [n], values float32 [n + 1, dim]): the last row stays zero, the row that a
         key without a row reads. progress(done_rows, total_rows) after each chunk."""
-        table = self.tables[name]
-        keys = np.empty(table.rows, np.int64)
-        values = np.zeros((table.rows + 1, table.dim), np.float32)
-        at = 0
-        for rank, shard in sorted(self.shards.items()):
-            entry = self.manifests[rank]["tables"].get(name)
-            if entry is None:
-                raise CheckpointError(f"{shard}: has no table {name!r}; every rank's shard holds every table")
-            part = read_array(shard, entry["files"]["keys"], f"table {name!r} keys")
-            if len(part) != entry["rows"]:
-                raise CheckpointError(f"{shard}: table {name!r} has {len(part)} keys, its manifest says {entry['rows']}")
-            keys[at:at + len(part)] = part
-            for first, chunk in stream_array(shard, entry["files"]["values"], f"table {name!r} values"):
-                values[at + first:at + first + len(chunk)] = chunk
-                if progress is not None:
-                    progress(at + first + len(chunk), table.rows)
-            at += len(part)
-        return keys, values
+        arrays = read_table(self.shards, self.manifests, name, ("keys", "values"), extra_rows=1, progress=progress)
+        n = self.tables[name].rows
+        return arrays["keys"][:n].astype(np.int64, copy=False), arrays["values"].astype(np.float32, copy=False)
 
 
 def _all_shards(save_paths: list) -> tuple:
