@@ -114,7 +114,13 @@ class Estimator(tf.estimator.Estimator):
     def _export_all_saved_models(self, export_dir_base, input_receiver_fn_map, assets_extra=None, as_text=False,
                                  checkpoint_path=None, strip_default_attrs=True):
         """export_saved_model's work (Estimator forbids overriding export_saved_model itself): the
-        PREDICT graph rebuilt with stock lookups (serving/), on this process alone."""
+        PREDICT graph rebuilt with stock lookups (serving/), on this process alone. In a job of
+        several ranks rank 0 exports and the others return None: scripts run the same lines on every
+        rank, and TensorFlow's timestamped directories would collide (the same second on each)."""
+        if self._rank > 0:
+            log.info("export_saved_model: rank 0 writes the SavedModel (it reads every rank's shard); this rank "
+                     "returns None")
+            return None
         checkpoint_path = serving_export.resolve_checkpoint(checkpoint_path or self.model_dir)
         base = os.fsdecode(export_dir_base)
         before = set(os.listdir(base)) if os.path.isdir(base) else set()

@@ -129,9 +129,10 @@ def main(model_dir, out_prefix):
     preds = list(est.predict(input_fn("predict", rank), hooks=[GraphModifierHook()]))
     checkpoint = tf.train.latest_checkpoint(model_dir)
     auc, probs, size = session_evaluation(checkpoint, rank)
-    if os.environ.get("EXPORT_DIR") and rank == 0:
-        # While the other rank carries on: the export needs no other rank.
-        est.export_saved_model(os.environ["EXPORT_DIR"], serving_receiver)
+    if os.environ.get("EXPORT_DIR"):
+        # On every rank, as scripts do: rank 0 exports (no other rank needed), the others get None.
+        exported = est.export_saved_model(os.environ["EXPORT_DIR"], serving_receiver)
+        assert (exported is None) == (rank > 0), (rank, exported)
     with open(f"{out_prefix}-rank{rank}.json", "w") as f:
         json.dump({"rank": rank, "size": get_rank_size(), "metrics": {k: float(v) for k, v in metrics.items()},
                    "session_auc": auc, "session_probs": probs.tolist(), "checkpoint": checkpoint,
