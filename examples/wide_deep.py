@@ -47,6 +47,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=600, help="training steps")
     p.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
+    p.add_argument("--global-batch-size", type=int, default=0,
+                   help="a global batch split over the ranks instead (a multiple of the number of ranks), from one "
+                        "stream of samples: global step s reads the same samples whatever the number of ranks, as an "
+                        "elastic job (shardrec-run --host-discovery-script) needs")
     p.add_argument("--eval-samples", type=int, default=50_000, help="held-out samples for AUC")
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument("--static-shapes", action="store_true", help="init(use_dynamic=False) with send_count")
@@ -72,17 +76,27 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def train_samples(args, rank, start):
+def train_samples(args, rank, size, start):
     """This rank's samples for steps start+1 .. --steps. They are drawn in blocks of BLOCK_STEPS
     steps, each block from a seed of its own, so step s reads the same samples whatever --steps is
-    and wherever the run started: a resumed run reads exactly what the interrupted one had left."""
-    block = BLOCK_STEPS * args.batch_size
+    and wherever the run started: a resumed run reads exactly what the interrupted one had left.
+    With --global-batch-size, one stream for all ranks, each step's global batch split in rank
+    order: whatever the number of ranks, no sample is skipped or read twice."""
+    shared = bool(args.global_batch_size)
+    batch = args.global_batch_size if shared else args.batch_size
+    block = BLOCK_STEPS * batch
     first = start // BLOCK_STEPS
     end = max(first + 1, -(-args.steps // BLOCK_STEPS))
-    parts = [criteo_synth.make_dataset(block, seed=args.seed, sample_seed=[args.seed * 31 + rank, b])
-             for b in range(first, end)]
-    skip, count = start * args.batch_size - first * block, max(0, args.steps - start) * args.batch_size
-    return {name: np.concatenate([p[name] for p in parts])[skip:skip + count] for name in parts[0]}
+    stream = args.seed * 31 + (10_000_000 if shared else rank)
+    parts = [criteo_synth.make_dataset(block, seed=args.seed, sample_seed=[stream, b]) for b in range(first, end)]
+    steps = max(0, args.steps - start)
+    skip, count = start * batch - first * block, steps * batch
+    data = {name: np.concatenate([p[name] for p in parts])[skip:skip + count] for name in parts[0]}
+    if not shared:
+        return data
+    local = batch // size
+    return {name: a.reshape(steps, batch, *a.shape[1:])[:, rank * local:(rank + 1) * local].reshape(
+        steps * local, *a.shape[1:]) for name, a in data.items()}
 
 
 def feature_specs():
@@ -162,12 +176,17 @@ def main(argv=None):
                            save_delta_checkpoints_secs=delta_s)
     init(use_dynamic=not args.static_shapes, train_steps=args.steps, **incremental)
     rank, size = get_rank_id(), get_rank_size()
+    if args.global_batch_size:
+        if args.global_batch_size % size:
+            raise SystemExit(f"--global-batch-size {args.global_batch_size}: allowed: a multiple of the number of "
+                             f"ranks ({size})")
+        args.batch_size = args.global_batch_size // size
 
     # The checkpoint to continue from: the one the supervisor hands a restarted attempt, else the
     # newest complete one of the model directory (a later run of the same job).
     resume = resume_checkpoint() or tf.train.latest_checkpoint(args.model_dir)
     start = int(resume.rsplit("-", 1)[1]) if resume else 0
-    train_data = train_samples(args, rank, start)
+    train_data = train_samples(args, rank, size, start)
     eval_data = criteo_synth.make_dataset(args.eval_samples, seed=args.seed, sample_seed=args.seed * 31 + 10_000 + rank)
     train_iterator, train_batch = make_input(train_data, args.batch_size, True, repeat=False)
     eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)

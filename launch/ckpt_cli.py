@@ -6,7 +6,8 @@
 DIR is a model directory (every checkpoint in it), a sparse-<name> directory or a dense
 checkpoint prefix. `inspect` prints each checkpoint's step, world size, tables with their dims,
 optimizer slots and rows per rank, and whether every file matches its manifest (size, CRC-32,
-row counts) and the dense part (index, data, meta graph) is there. `export` writes every rank's
+row counts) and the dense part (index, data, meta graph) is there; then the staging directories
+(.sparse-<name>.saving) of saves that did not finish. `export` writes every rank's
 rows of one table from one checkpoint (the newest complete one of a model directory) into one
 .npz: `keys`, `values` and each optimizer slot as `<optimizer>.<slot>`, rows aligned with keys
 (np.load(FILE, allow_pickle=False) reads it). Exit status: 0 fine, 1 when a checkpoint is
@@ -18,7 +19,7 @@ import sys
 
 import numpy as np
 
-from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows, unfinished_saves
 from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
 
 
@@ -64,6 +65,10 @@ def main(argv=None):
         return _export(checkpoints, args.table, args.out or f"{args.table}.npz")
     for ckpt in checkpoints:
         print(_describe(ckpt))
+    for staged in unfinished_saves(args.path):
+        print(f"{staged}: the shards of a save that did not finish (killed or failed); not a checkpoint, and the "
+              "checkpoint of that name, if listed above, is as it was before; the next save of that step "
+              "removes it")
     return 0 if all(c.ok for c in checkpoints) else 1
 
 

@@ -2,6 +2,8 @@
 
     shardrec-run -np N [-H host:slots,...] [--hostfile F] [-x VAR]... [--max-restarts K]
                  [--restart-delay S] [--hang-timeout S] [--checkpoint-dir D] [--run-dir D] [--] COMMAND...
+    shardrec-run -np N --host-discovery-script P --checkpoint-dir D [--min-np A] [--max-np B]
+                 [--slots-per-host S] [--elastic-timeout S] [--blacklist-cooldown-range LO HI] ... COMMAND...
 
 COMMAND is what every rank runs, as with mpirun and horovodrun (`shardrec-run -np 2 python
 train.py --epochs 3`). The supervisor keeps each rank's output in <run dir>/attempt-<k>/rank-<r>.log
@@ -10,7 +12,14 @@ train.py --epochs 3`). The supervisor keeps each rank's output in <run dir>/atte
 complete checkpoint of --checkpoint-dir (the ranks find it through shardrec's resume_checkpoint(),
 or by themselves in Estimator / MonitoredTrainingSession jobs), at most --max-restarts times.
 
-Exit status: 0 done, 1 failed after the allowed restarts, 2 bad arguments, 130 interrupted.
+Elastic (with --host-discovery-script, horovodrun's options): the hosts are those the script
+prints now (`host` or `host:slots` per line); each attempt runs as many ranks as fit, from
+--min-np to --max-np. A failed host stays out for a cooldown, and the job goes on with the ranks
+left from the last checkpoint, resharded; when hosts come back, the ranks save at the end of their
+step and the job goes on with more.
+
+Exit status: 0 done, 1 failed after the allowed restarts (or fewer than --min-np slots for
+--elastic-timeout seconds), 2 bad arguments, 130 interrupted.
 """
 import argparse
 import os
@@ -19,6 +28,7 @@ import socket
 import sys
 import time
 
+from shardrec.orchestrator.elastic import ElasticSpec
 from shardrec.orchestrator.supervisor import JobSpec, Supervisor
 
 
@@ -80,6 +90,18 @@ def _parse(argv):
     p.add_argument("--mpiexec-arg", dest="mpiexec_args", action="append", default=[],
                    help="one more argument for mpiexec (repeatable), e.g. --mpiexec-arg=--bind-to "
                         "--mpiexec-arg=core")
+    elastic = p.add_argument_group("elastic jobs (horovodrun's options)")
+    elastic.add_argument("--host-discovery-script", help="a program printing the usable hosts, one `host` or "
+                                                         "`host:slots` per line; makes the job elastic")
+    elastic.add_argument("--min-np", type=int, help="fewest ranks to go on with (default -np)")
+    elastic.add_argument("--max-np", type=int, help="most ranks to grow to (default -np)")
+    elastic.add_argument("--slots-per-host", type=int, default=1, help="slots of a host the script lists without "
+                                                                       "any (default 1)")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0,
+                         help="seconds to wait for --min-np slots before giving up (default 600)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                         default=[10.0, 300.0], help="seconds a failed host stays out: LOW after its first failure, "
+                                                     "doubled for each further one, at most HIGH (default 10 300)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -96,12 +118,44 @@ def _parse(argv):
         p.error(f"--memory-share {args.memory_share}: allowed: (0, 1]")
     if args.hostfile and not os.access(args.hostfile, os.R_OK):
         p.error(f"--hostfile {args.hostfile}: cannot be read")
+    _check_elastic(p, args)
     try:
         _check_command(args.command)
         _check_hosts(args.hosts, args.hostfile)
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def _check_elastic(p, args):
+    given = [f"--{name.replace('_', '-')}" for name in ("min_np", "max_np") if getattr(args, name) is not None]
+    if args.host_discovery_script is None:
+        if given:
+            p.error(f"{given[0]} needs --host-discovery-script (the hosts an elastic job may use)")
+        return
+    script = args.host_discovery_script
+    if not os.path.isfile(script) or not os.access(script, os.X_OK):
+        p.error(f"--host-discovery-script {script}: " + ("not an executable file (chmod +x?)" if os.path.exists(script)
+                                                        else "no such file") + "; allowed: a program printing "
+                "`host` or `host:slots` per line")
+    args.min_np = args.np if args.min_np is None else args.min_np
+    args.max_np = args.np if args.max_np is None else args.max_np
+    if not 1 <= args.min_np <= args.np:
+        p.error(f"--min-np {args.min_np}: allowed: 1 to -np ({args.np})")
+    if args.max_np < args.np:
+        p.error(f"--max-np {args.max_np}: allowed: -np ({args.np}) or more")
+    if args.slots_per_host < 1:
+        p.error(f"--slots-per-host {args.slots_per_host}: allowed: 1 or more")
+    if not args.elastic_timeout > 0:
+        p.error(f"--elastic-timeout {args.elastic_timeout}: allowed: a number of seconds > 0")
+    low, high = args.blacklist_cooldown_range
+    if not 0 <= low <= high:
+        p.error(f"--blacklist-cooldown-range {low:g} {high:g}: allowed: 0 <= LOW <= HIGH seconds")
+    if args.hosts or args.hostfile:
+        p.error("-H / --hostfile with --host-discovery-script: the script says which hosts an elastic job uses")
+    if not args.checkpoint_dir:
+        p.error("--host-discovery-script needs --checkpoint-dir: an elastic job changes its ranks by restarting from "
+                "its last checkpoint")
 
 
 def main(argv=None):
@@ -112,6 +166,9 @@ def main(argv=None):
                    checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
                    hosts=args.hosts, hostfile=args.hostfile, forward_env=args.forward_env,
                    mpiexec_args=args.mpiexec_args, memory_share=args.memory_share, restart_delay=args.restart_delay)
+    if args.host_discovery_script:
+        spec.elastic = ElasticSpec(os.path.abspath(args.host_discovery_script), args.min_np, args.max_np,
+                                   args.slots_per_host, args.elastic_timeout, tuple(args.blacklist_cooldown_range))
     return Supervisor(spec).run()
 
 

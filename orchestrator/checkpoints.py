@@ -77,17 +77,21 @@ def read_checkpoint(sparse_dir, verify=True):
     """The checkpoint whose table shards lie in `sparse_dir` (<dir>/sparse-<name>)."""
     name = fmt.SPARSE_RE.fullmatch(os.path.basename(os.path.normpath(sparse_dir))).group(1)
     ckpt = Checkpoint(name, sparse_dir, {})
+    by_size = {}
     for entry in sorted(os.listdir(sparse_dir)):
         m = fmt.SHARD_RE.fullmatch(entry)
         if m:
             shard = Shard(int(m.group(1)), int(m.group(2)), os.path.join(sparse_dir, entry))
             shard.manifest, shard.problems = fmt.verify_shard(shard.path, checksums=verify)
-            ckpt.shards[shard.rank] = shard
+            by_size.setdefault(shard.world_size, []).append(entry)
+            ckpt.shards.setdefault(shard.rank, shard)
         elif entry.startswith(".tmp-"):
             ckpt.problems.append(f"{os.path.join(sparse_dir, entry)}: a shard that was never committed")
-    size = ckpt.world_size
+    size = ckpt.world_size if len(by_size) == 1 else None
     if size is None:
-        ckpt.problems.append("shards of different world sizes" if ckpt.shards else "no shard")
+        ckpt.problems.append("shards of different world sizes: " + "; ".join(
+            f"{n} rank(s): {', '.join(entries)}" for n, entries in sorted(by_size.items()))
+            + " (a save by another number of ranks did not replace them)" if by_size else "no shard")
     else:
         layouts = {s.manifest.get("layout") for s in ckpt.shards.values() if s.manifest}
         expected = range(size) if layouts == {"shared"} else sorted(ckpt.shards)
@@ -117,6 +121,7 @@ def find_checkpoints(path, verify=True):
     found = [read_checkpoint(os.path.join(path, e), verify) for e in os.listdir(path)
              if fmt.SPARSE_RE.fullmatch(e) and os.path.isdir(os.path.join(path, e))]
     found = sorted(found, key=lambda c: (c.step is None, c.step or 0, c.name))
+
     by_name = {c.name: c for c in found}
     for ckpt in found:  # oldest first: a delta's previous save already carries its own chain's state
         previous = ckpt.previous
@@ -124,6 +129,14 @@ def find_checkpoints(path, verify=True):
         if link is not None and not link.ok:
             ckpt.problems.append(f"its chain is broken: {link.name}, the save it builds on, is damaged or incomplete")
     return found
+
+
+def unfinished_saves(path):
+    """The staging directories (.sparse-<name>.saving) of saves that did not finish in the model
+    directory `path`: not checkpoints, and no checkpoint of the same name was changed by them."""
+    if not os.path.isdir(path):
+        return []
+    return sorted(os.path.join(path, e) for e in os.listdir(path) if fmt.STAGING_RE.fullmatch(e))
 
 
 def table_rows(ckpt, table):

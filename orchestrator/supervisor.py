@@ -13,6 +13,11 @@ One attempt:
   can exit 0 after losing a remote host), badly when mpiexec exits non-zero or a rank hangs. Then
   every process of the attempt is killed and checked gone with psutil before anything else starts.
 
+An elastic job (JobSpec.elastic, elastic.py) runs each attempt on the hosts its discovery script
+lists now: a lost host cools down and the job goes on with the ranks left; when more slots are
+usable, the ranks are asked to save at the end of their step and stop (SIGUSR2 through mpiexec),
+and the next attempt starts on them all, from that checkpoint.
+
 Never imports TensorFlow: it starts at once and outlives any rank.
 """
 import collections
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from . import checkpoints
+from .elastic import ElasticSpec, HostWatch
 from shardrec.rank_runtime import heartbeat_format as beats
 from shardrec.rank_runtime.heartbeat_format import Heartbeat
 
@@ -63,6 +69,7 @@ class JobSpec:
     restart_delay: float = 5.0          # seconds before the first restart, doubled for each one after
     echo: bool = True                   # rank 0's output on this terminal
     progress_every: float = 10.0        # seconds between progress lines when stdout is not a terminal
+    elastic: ElasticSpec = None         # --host-discovery-script and friends: the job shrinks and grows
 
 
 @dataclass
@@ -72,6 +79,8 @@ class Outcome:
     rank: int = None
     exit_code: int = None
     interrupted: bool = False
+    host: str = None          # the failed rank's host, or the host lost
+    host_lost: bool = False   # the whole host went (silent, or its Open MPI daemon lost)
 
 
 def log(text):
@@ -97,8 +106,14 @@ class _Interrupt:
 
 
 class Attempt:
-    def __init__(self, spec, number, resume_from, interrupt):
+    def __init__(self, spec, number, resume_from, interrupt, placement=None, on_tick=None):
+        """placement: where the ranks go (an elastic job's hosts.Placement), else spec's -np and
+        hosts; on_tick(attempt): called on every turn of the watch loop (an elastic job's growth)."""
         self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
+        self.placement, self.on_tick = placement, on_tick
+        self.np = placement.np if placement else spec.np
+        self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
+        self.ended = {}          # how it ended, for the summary
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
         os.makedirs(self.heartbeat_dir, exist_ok=True)
@@ -116,12 +131,14 @@ class Attempt:
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
         if mpiexec is None:
             raise FileNotFoundError("mpiexec not found next to this Python or on PATH (scripts/bootstrap.sh installs it)")
-        cmd = [mpiexec, "--output", "tag", "-np", str(self.spec.np)]
-        if self.spec.hostfile:
+        cmd = [mpiexec, "--output", "tag", "-np", str(self.np)]
+        if self.placement:
+            cmd += ["-H", self.placement.mpiexec_hosts()]
+        elif self.spec.hostfile:
             cmd += ["--hostfile", self.spec.hostfile]
-        if self.spec.hosts:
+        if self.spec.hosts and not self.placement:
             cmd += ["-H", self.spec.hosts]
-        if not self.spec.hostfile and not self.spec.hosts:
+        if not self.spec.hostfile and not self.spec.hosts and not self.placement:
             cmd.append("--oversubscribe")  # one host: as many ranks as asked, whatever its cores
         forwarded = [beats.RUN_DIR_ENV, beats.ATTEMPT_ENV, beats.INTERVAL_ENV]
         if self.resume_from:
@@ -146,7 +163,8 @@ class Attempt:
         env["TMPDIR"] = self.tmp
         cmd = self.command()
         with open(os.path.join(self.dir, "command.json"), "w") as f:
-            json.dump({"command": cmd, "resume_from": self.resume_from}, f, indent=1)
+            json.dump({"command": cmd, "resume_from": self.resume_from, "np": self.np,
+                       "hosts": self.placement.mpiexec_hosts() if self.placement else self.spec.hosts}, f, indent=1)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True, text=True, errors="replace")
@@ -214,7 +232,7 @@ class Attempt:
         every rank there fell silent while another host still ticks."""
         limit = self.spec.hang_timeout
         with self._lock:
-            live = [r for r in range(self.spec.np) if not (r in self.beats and self.beats[r].exiting)]
+            live = [r for r in range(self.np) if not (r in self.beats and self.beats[r].exiting)]
             done = [r for r, b in self.beats.items() if b.exiting]
             silent = {r: now - self.heard.get(r, self.started) for r in live}
             stalled = {r: now - self.moved.get(r, self.started) for r in live}
@@ -224,24 +242,24 @@ class Attempt:
         # wait counts against them. Silence still counts at once.
         stall_limit = max(limit, FINISH_GRACE_S) if done else limit
         if not any(t > limit for t in silent.values()) and not any(t > stall_limit for t in stalled.values()):
-            return None, None
+            return None, None, None
         quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])
         if quiet:
             lost = self._lost_host(quiet, hosts)
             if lost:
                 ranks = [r for r in quiet if hosts.get(r) == lost]
                 return (f"host {lost} lost: no heartbeat from its rank(s) {ranks} for {silent[ranks[0]]:.0f} s "
-                        f"(hang timeout {limit:.0f} s) while the other hosts' ranks still beat", ranks[0])
+                        f"(hang timeout {limit:.0f} s) while the other hosts' ranks still beat", ranks[0], lost)
             rank = quiet[0]
             where = f" on host {hosts[rank]}" if hosts.get(rank) else ""
             return (f"rank {rank}{where} sent no heartbeat for {silent[rank]:.0f} s (hang timeout {limit:.0f} s)"
-                    f"{self._process_state(rank)}"), rank
+                    f"{self._process_state(rank)}"), rank, None
         rank = max(stalled, key=lambda r: stalled[r])
         if done:
             return (f"rank {rank} did not finish within {stalled[rank]:.0f} s of its last progress, while rank(s) "
-                    f"{sorted(done)} had exited{self._process_state(rank)}"), rank
+                    f"{sorted(done)} had exited{self._process_state(rank)}"), rank, None
         return (f"rank {rank} made no progress for {stalled[rank]:.0f} s (hang timeout {limit:.0f} s)"
-                f"{self._process_state(rank)}"), rank
+                f"{self._process_state(rank)}"), rank, None
 
     @staticmethod
     def _lost_host(quiet, hosts):
@@ -274,15 +292,45 @@ class Attempt:
                 return self._ended(code)
             if self.interrupt.signal is not None:
                 return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
-            why, rank = self._hung(now)
+            why, rank, lost = self._hung(now)
             if why is not None:
                 self._dump_stacks()
-                return Outcome(False, why, rank=rank)
+                return Outcome(False, why, rank=rank, host=lost or self.host_of(rank), host_lost=bool(lost))
             self._check_memory()
+            if self.on_tick is not None and self.resizing is None:
+                self.on_tick(self)
             if tty or now - last_line >= self.spec.progress_every:
                 self._progress_line(tty)
                 last_line = now
             time.sleep(0.25)
+
+    def all_ranks_beat(self):
+        with self._lock:
+            return len(self.beats) == self.np and not any(b.exiting for b in self.beats.values())
+
+    def request_resize(self, why):
+        """Asks every rank to save at the end of its current step and stop: SIGUSR2 to mpiexec, which
+        forwards it to every rank on every host (rank_runtime/resize.py). Only once every rank beat:
+        a rank that has not installed its handler yet would die of the signal."""
+        self.resizing = why
+        try:
+            self.proc.send_signal(signal.SIGUSR2)
+        except OSError:
+            pass
+
+    def stopped_for_resize(self):
+        """Whether the ranks confirmed that they stopped because the supervisor asked them to."""
+        return self.resizing is not None and any(b.resize_stop for b in list(self.beats.values()))
+
+    def last_step(self):
+        """The furthest step any rank of this attempt reported."""
+        steps = [b.step_or_batches() for b in list(self.beats.values())]
+        steps = [s for s in steps if s is not None]
+        return max(steps) if steps else None
+
+    def host_of(self, rank):
+        beat = self.beats.get(rank)
+        return beat.host if beat is not None and beat.host else None
 
     def _dump_stacks(self):
         """Asks every rank of this attempt that runs on this host for its threads' stacks (SIGUSR1,
@@ -311,37 +359,51 @@ class Attempt:
     def _ended(self, code):
         beats = dict(self.beats)
         unfinished = [r for r, b in sorted(beats.items()) if not b.exiting]
-        if code == 0:
-            if unfinished:
-                # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
-                # The host that fell silent first is the one lost; the others' ranks were killed after.
-                now = time.monotonic()
-                first = max(unfinished, key=lambda r: now - self.heard[r])
-                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
-                                      f"{beats[first].host or '?'} (rank {first}) fell silent first, "
-                                      f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
-                               rank=first, exit_code=0)
-            return Outcome(True, exit_code=0)
         launcher = "\n".join(self.tails["mpiexec"])
         daemon = _REMOTE_HOST.search(launcher)
+        # A host whose Open MPI daemon mpiexec lost, with ranks on it: that host, and every rank
+        # there, is lost (more certain than which rank fell silent first, which a tick can blur).
+        lost = daemon.group(1) if daemon and any(b.host == daemon.group(1) for b in beats.values()) else None
+        lost_ranks = sorted(r for r, b in beats.items() if b.host == lost) if lost else []
+        if code == 0:
+            if not unfinished:
+                return Outcome(True, exit_code=0)
+            # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
+            if lost:
+                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host {lost} (rank(s) "
+                                      f"{lost_ranks}) was lost: mpiexec lost its daemon there",
+                               rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True)
+            # The host that fell silent first is the one lost; the others' ranks were killed after.
+            now = time.monotonic()
+            first = max(unfinished, key=lambda r: now - self.heard[r])
+            return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
+                                  f"{beats[first].host or '?'} (rank {first}) fell silent first, "
+                                  f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
+                           rank=first, exit_code=0, host=beats[first].host, host_lost=True)
         if daemon and not beats:
             return Outcome(False, f"mpiexec could not start its daemon on host {daemon.group(1)}, or that host did not "
                                   f"answer (mpiexec exited {code}); check that the host is up, reachable from here and "
                                   f"has this installation at the same path", exit_code=code)
-        text = launcher + "\n" + "\n".join(line for r in range(self.spec.np) for line in self.tails[r])
+        if lost:
+            return Outcome(False, f"host {lost} lost: mpiexec lost its daemon there, with rank(s) {lost_ranks} (mpiexec "
+                                  f"exited {code})", rank=lost_ranks[0], exit_code=code, host=lost, host_lost=True)
+        text = launcher + "\n" + "\n".join(line for r in range(self.np) for line in self.tails[r])
         rank = next((int(m.group(1)) for pattern in _FAILED_RANK for m in [pattern.search(text)] if m), None)
         status, killed = _EXIT_CODE.search(text), _SIGNAL.search(text)
         what = f"rank {rank}" if rank is not None else "a rank"
+        if rank is not None and self.host_of(rank):
+            what += f" on host {self.host_of(rank)}"
         detail = (f" (killed by signal {killed.group(1)})" if killed
                   else f" (status {status.group(1) or status.group(2)})" if status else "")
-        return Outcome(False, f"{what} failed{detail}; mpiexec exited {code}", rank=rank, exit_code=code)
+        return Outcome(False, f"{what} failed{detail}; mpiexec exited {code}", rank=rank, exit_code=code,
+                       host=self.host_of(rank) if rank is not None else None)
 
     def _progress_line(self, tty):
         beat = self.beats.get(0)
         if not beat:
             return
         step = beat.step_or_batches()
-        parts = [f"attempt {self.number}"]
+        parts = [f"attempt {self.number} on {self.np} rank(s)"]
         total = beat.total_steps
         if step is not None:
             parts.append(f"step {step}" + (f"/{total}" if total else ""))
@@ -433,41 +495,120 @@ class Supervisor:
         self.attempts = []
 
     def run(self):
-        """Runs the job; returns the exit status: 0 done, 1 failed after the allowed restarts, 130
-        interrupted."""
+        """Runs the job; returns the exit status: 0 done, 1 failed after the allowed restarts (or,
+        elastic, fewer than --min-np slots for --elastic-timeout), 130 interrupted."""
         os.makedirs(self.spec.run_dir, exist_ok=True)
         log(f"run directory {self.spec.run_dir}")
         started = time.monotonic()
-        resume = None
+        resume, failures, resizes, number, placement = None, 0, 0, 0, None
+        self.watch = (HostWatch(self.spec.elastic, log, os.path.join(self.spec.run_dir, "hosts.log"))
+                      if self.spec.elastic else None)
         with _Interrupt() as interrupt:
-            for number in range(self.spec.max_restarts + 1):
-                attempt = Attempt(self.spec, number, resume, interrupt)
-                self.attempts.append(attempt)
-                outcome = attempt.run()
-                if outcome.ok:
-                    self._summary(started, outcome)
-                    return 0
-                last, step = latest_checkpoint(self.spec.checkpoint_dir)
-                where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
-                if outcome.interrupted:
-                    log(f"stopped: {outcome.reason}; every rank is stopped{where}")
-                    return 130
-                log(f"attempt {number} failed: {outcome.reason}")
-                self._print_tail(attempt, outcome.rank)
-                if number == self.spec.max_restarts:
-                    log(f"giving up after {number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
-                    self._summary(started, outcome)
-                    return 1
-                resume = last
-                # Doubling waits: a host that is down, or a cause that persists, is not retried in a
-                # burst that spends every restart within a second.
-                delay = min(MAX_RESTART_DELAY_S, self.spec.restart_delay * 2 ** number)
-                log(f"restarting the job in {delay:.0f} s (attempt {number + 1} of {self.spec.max_restarts + 1}) from "
-                    + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
-                       + (f" in {self.spec.checkpoint_dir})" if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
-                if not self._wait(delay, interrupt):
-                    log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
-                    return 130
+            if self.watch:
+                self.watch.refresh()
+                self.watch.start()
+            try:
+                while True:
+                    if self.watch:
+                        before, placement = placement, self.watch.wait_for_placement(interrupt)
+                        if placement is None:
+                            return self._too_few_hosts(started, before, interrupt)
+                        if before is None or placement != before:
+                            log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
+                    attempt = Attempt(self.spec, number, resume, interrupt, placement,
+                                      self._maybe_grow if self.watch else None)
+                    self.attempts.append(attempt)
+                    outcome = attempt.run()
+                    last, step = latest_checkpoint(self.spec.checkpoint_dir)
+                    attempt.ended = {"ok": outcome.ok, "reason": outcome.reason or ("resized" if attempt.stopped_for_resize()
+                                                                                    else "done")}
+                    where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
+                    if outcome.interrupted:
+                        log(f"stopped: {outcome.reason}; every rank is stopped{where}")
+                        return 130
+                    if outcome.ok and not attempt.stopped_for_resize():
+                        self._summary(started, outcome)
+                        return 0
+                    self._steps_lost(attempt, step)
+                    if outcome.ok:
+                        resizes += 1
+                        log(f"attempt {number} saved and stopped at step {attempt.last_step()} to grow "
+                            f"({attempt.resizing}); resuming from {last} (step {step})")
+                        resume, number = last, number + 1
+                        continue
+                    log(f"attempt {number} failed: {outcome.reason}")
+                    self._print_tail(attempt, outcome.rank)
+                    if self.watch:
+                        self._cool_down(outcome)
+                    if failures == self.spec.max_restarts:
+                        log(f"giving up after {number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
+                        self._summary(started, outcome)
+                        return 1
+                    resume = last
+                    # Doubling waits: a host that is down, or a cause that persists, is not retried in a
+                    # burst that spends every restart within a second.
+                    delay = min(MAX_RESTART_DELAY_S, self.spec.restart_delay * 2 ** failures)
+                    failures += 1
+                    log(f"restarting the job in {delay:.0f} s (attempt {number + 1} of "
+                        f"{self.spec.max_restarts + 1 + resizes}) from "
+                        + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
+                           + (f" in {self.spec.checkpoint_dir})" if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
+                    if not self._wait(delay, interrupt):
+                        log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
+                        return 130
+                    number += 1
+            finally:
+                if self.watch:
+                    self.watch.stop()
+
+    def _steps_lost(self, attempt, resumed_step):
+        """Says how many steps the next attempt trains again: those since the checkpoint it resumes from."""
+        reached = attempt.last_step()
+        attempt.ended["reached_step"] = reached
+        attempt.ended["steps_lost"] = lost = max(0, reached - (resumed_step or 0)) if reached is not None else None
+        if lost:
+            log(f"{lost} step(s) lost: the ranks had reached step {reached}, the next attempt resumes from step "
+                f"{resumed_step or 0}")
+
+    def _cool_down(self, outcome):
+        """A lost host, or one whose ranks failed in two attempts in a row, stays out of the next
+        attempts for its cooldown; a rank that failed once restarts on the same hosts."""
+        attempt = self.attempts[-1]
+        # The name the discovery script gave, which the placement uses (a rank's own hostname may differ).
+        host = attempt.placement.host_of_rank(outcome.rank) if outcome.rank is not None else None
+        host = host or outcome.host
+        if host is None:
+            return
+        again = len(self.attempts) > 1 and self.attempts[-2].ended.get("host") == host
+        self.attempts[-1].ended["host"] = host
+        if outcome.host_lost or again:
+            seconds = self.watch.cooldowns.failed(host)
+            log(f"host {host} stays out of new attempts for {seconds:.0f} s (--blacklist-cooldown-range; "
+                f"{self.watch.cooldowns.failures[host]} failure(s))")
+
+    def _maybe_grow(self, attempt):
+        """While an elastic attempt runs: when more slots are usable (up to --max-np), asks its ranks
+        to save and stop, so that the next attempt starts on them all."""
+        if not attempt.all_ranks_beat():
+            return
+        bigger = self.watch.can_grow(attempt.np)
+        if bigger is not None:
+            why = f"{bigger.np} slot(s) usable now: {bigger.describe()}"
+            log(f"growing from {attempt.np} to {bigger.np} rank(s) ({why}): asking every rank to save at the end of "
+                "its current step and stop")
+            attempt.request_resize(why)
+
+    def _too_few_hosts(self, started, before, interrupt):
+        if interrupt.signal is not None:
+            log(f"stopped: interrupted by signal {interrupt.signal} while waiting for hosts")
+            return 130
+        usable = {h.name for h in self.watch.placement().hosts}
+        lost = sorted(h.name for h in before.hosts if h.name not in usable) if before else []
+        reason = (f"fewer than --min-np {self.spec.elastic.min_np} slot(s) usable for {self.spec.elastic.timeout:.0f} s "
+                  f"(--elastic-timeout)" + (f"; hosts lost: {', '.join(lost)}" if lost else "")
+                  + f"; usable now: {self.watch.placement().describe() or 'none'}")
+        log(f"giving up: {reason}")
+        self._summary(started, Outcome(False, reason))
         return 1
 
     @staticmethod
@@ -492,20 +633,25 @@ class Supervisor:
             print(f"    {line}", file=sys.stderr)
 
     def _summary(self, started, outcome):
-        last = self.attempts[-1]
-        summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": len(self.attempts) - 1,
+        last_beats = self.attempts[-1].beats if self.attempts else {}
+        summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": max(0, len(self.attempts) - 1),
                    "seconds": round(time.monotonic() - started, 1), "reason": outcome.reason,
                    "ranks": {r: {"step": b.step, "train_batches": b.train_batches, "loss": b.loss,
                                  "samples_per_s": b.samples_per_s, "tables": b.tables or None}
                              | {"peak_rss": max(a.peak_rss.get(r, 0) for a in self.attempts)}
-                             for r, b in sorted(last.beats.items())}}
+                             for r, b in sorted(last_beats.items())},
+                   # Each attempt: its ranks and hosts, the checkpoint it restored, how it ended and the
+                   # steps the next one trains again.
+                   "attempt_list": [{"attempt": a.number, "np": a.np,
+                                     "hosts": a.placement.mpiexec_hosts() if a.placement else self.spec.hosts,
+                                     "resumed_from": a.resume_from} | a.ended for a in self.attempts]}
         totals = collections.Counter()
-        for beat in last.beats.values():
+        for beat in last_beats.values():
             totals.update(beat.tables)
         summary["tables"] = dict(totals)  # keys held by all ranks together, per table
         for kind in ("admission", "tiers"):
             summed = {}
-            for beat in last.beats.values():
+            for beat in last_beats.values():
                 for table, counters in getattr(beat, kind).items():
                     summed.setdefault(table, collections.Counter()).update(counters)
             if summed:

@@ -88,6 +88,11 @@ def batches_exchanged(channel: Channel, batches: int) -> None:
         _progress(eval_batches=int(batches))
 
 
+def resize_stop() -> None:
+    """This rank ended its training input because the supervisor asked it to (resize.py)."""
+    _progress(resize_stop=True)
+
+
 def report(step: Optional[int] = None, loss: Optional[float] = None, samples_per_s: Optional[float] = None,
            total_steps: Optional[int] = None) -> None:
     """What a training script tells the supervisor after a step: its global step, loss, speed and

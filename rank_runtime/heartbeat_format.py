@@ -40,6 +40,7 @@ class Heartbeat:
     tiers: Dict[str, dict] = field(default_factory=dict)
     rss: int = 0
     exiting: bool = False  # the rank's last beat, at exit
+    resize_stop: bool = False  # the rank ended its training input because the supervisor asked (resize.py)
 
     def step_or_batches(self) -> Optional[int]:
         """The training step the script reported, else the training batches exchanged."""

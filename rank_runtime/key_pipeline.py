@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import config, heartbeat
+from . import config, heartbeat, resize
 from .channel import Channel
 from .admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
@@ -96,10 +96,15 @@ class _BatchKeyProcessor:
         exchange = get_world().exchanges[self.channel]
         features = self._feature_set(cfg, graph)
         evictions = exchange.counters().evictions if self._evicting else 0
-        result = exchange.run(features, list(key_arrays), not bool(is_end), timestamps)
+        # A resize the supervisor asked for ends the training input here, on every rank (resize.py).
+        stop = self.channel == Channel.TRAIN and resize.requested()
+        result = exchange.run(features, list(key_arrays), not (bool(is_end) or stop), timestamps)
         if self._evicting and exchange.counters().evictions != evictions:
             self._log_eviction(exchange)
-        if result.ended:
+        if result.ended and stop:
+            resize.stop(self.batches)
+            self.batches = 0
+        elif result.ended:
             ended = exchange.ranks_out_of_data
             if self.batches == 0:
                 log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "

@@ -3,8 +3,9 @@ config.py (which holds the state they set) and the modules that init() sets up: 
 Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 """
 import atexit
+import os
 
-from . import config, heartbeat, tf_patches
+from . import config, heartbeat, heartbeat_format, resize, tf_patches
 from .logs import get_logger, warn_once
 from .state import STATE
 from .validation import INT32_MAX, check_bool, check_int
@@ -127,6 +128,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
                                         if_load=if_load, rank=rank, size=size, incremental=incremental,
                                         restore_model_version=restore_model_version)
     heartbeat.stacks_on_sigusr1()
+    if os.environ.get(heartbeat_format.RUN_DIR_ENV):
+        resize.install()  # before the first beat: the supervisor signals only ranks that beat
     heartbeat.start(rank, size)
     log.info("initialised: %d rank(s), %s shapes%s", size, "dynamic" if use_dynamic else "static",
              f", a full checkpoint every {incremental.full_every_s} s and a delta every {incremental.delta_every_s} s"

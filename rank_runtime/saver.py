@@ -36,7 +36,6 @@ only with every delta that builds on them, so more than max_to_keep may stay lis
 full save. One Saver saves a table's deltas: a second Saver of the same tables would take the first
 one's changes.
 """
-import errno
 import json
 import os
 import shutil
@@ -56,7 +55,8 @@ from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint
 from .logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
 from .save_schedule import Chain, old_links, plan_save
-from .sparse_checkpoint import FULL, CheckpointError, SaveRef, read_manifest, shard_name, sparse_dir, write_shard
+from .sparse_checkpoint import (FULL, CheckpointError, SaveRef, discard_staged, find_shards, publish, read_manifest,
+                                sparse_dir, write_shard)
 from .table_restore import restore_tables
 from .table_save import table_writer
 from .world import get_world
@@ -77,7 +77,7 @@ def _without_tables(var_list, excluded):
 class Saver(_TFSaver):
     def __init__(self, var_list=None, *args, **kwargs):
         self._tables = []
-        self._sparse_saved = []  # (this rank's shard directory, FULL or DELTA), oldest first
+        self._sparse_saved = []  # (dense prefix, FULL or DELTA, whether this rank removes its files), oldest first
         self._counter_writer = None
         self._chain = None  # what the next delta builds on (save_schedule.Chain); None: the next save is full
         self._kinds = {}  # dense prefix -> FULL or DELTA, of the checkpoints this Saver lists
@@ -148,16 +148,24 @@ class Saver(_TFSaver):
             # leaves nothing that a delta could build on.
             chain, self._chain = self._chain, None
         shard = attempt(lambda: self._save_tables(sess, path, step, shared, plan))
-        agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
+        # One rank per directory puts a save in place, and writes its dense part: rank 0 when every
+        # rank saves under the same path.
         writes_dense = not shared or cfg.rank == 0
-        dense = attempt(lambda: dense_save(None, write_state=False)) if writes_dense else Attempt(path, None)
+        try:
+            agree(f"Saver.save({path!r})", shard, "nothing was committed; the previous checkpoint stays the latest")
+        except CheckpointError:
+            if writes_dense:
+                discard_staged(path)
+            raise
+        dense = attempt(lambda: (publish(path, cfg.size), dense_save(None, write_state=False))[1]) if writes_dense \
+            else Attempt(path, None)
         agree(f"Saver.save({path!r}): writing the dense part", dense,
                "the checkpoint is not listed; the previous one stays the latest")
         kind = plan.kind.kind if plan else FULL
         self._kinds[dense.value] = kind
         if writes_dense and write_state:
             self._list_checkpoint(dense.value, latest_filename, meta_graph_suffix)
-        self._forget_old(shard.value, kind)
+        self._forget_old(dense.value, kind, writes_dense)
         if plan is not None:
             self._chain = self._chain_after(plan, chain, dense.value, step or 0)
         if shared:
@@ -233,10 +241,9 @@ class Saver(_TFSaver):
         earlier = [p for p in state.all_model_checkpoint_paths if restorable(p, cfg)]
         self.recover_last_checkpoints(earlier)
         for p in earlier:
-            shard = os.path.join(sparse_dir(p), shard_name(cfg.rank, cfg.size))
-            self._kinds[p] = _kind_of(shard)
-            if os.path.isdir(shard):
-                self._sparse_saved.append((shard, self._kinds[p]))
+            self._kinds[p], shared = _kind_and_layout(p)
+            # Whatever world size wrote it, its files go with it when max_to_keep lets it go.
+            self._sparse_saved.append((p, self._kinds[p], not shared or cfg.rank == 0))
 
     def _MaybeDeleteOldCheckpoints(self, meta_graph_suffix="meta"):
         """TensorFlow's, which lets the oldest checkpoint go once more than max_to_keep are listed,
@@ -267,7 +274,8 @@ class Saver(_TFSaver):
         mode = "plain" if plan is None else plan.kind.kind
         tables = {table.table_name: table_writer(table, back_to, mode) for table in self._tables}
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared, plan.kind if plan else None)
-        log.info("saved this rank's shard of %d table(s) to %s%s", len(tables), shard,
+        log.info("saved this rank's shard of %d table(s) for %s (staged; in place once every rank has saved)%s",
+                 len(tables), sparse_dir(path),
                  f" (a delta on {plan.kind.previous.name})" if plan is not None and plan.delta else "")
         return shard
 
@@ -280,33 +288,23 @@ class Saver(_TFSaver):
         mine = zlib.crc32(os.path.abspath(path).encode())
         return len(set(get_world().gather_from_ranks(mine, f"Saver.save({path!r})", timeout=AGREE_TIMEOUT_S))) == 1
 
-    def _forget_old(self, shard, kind):
-        """Keeps this rank's shards of the last max_to_keep saves, as TensorFlow does for dense
-        files, and the saves those build on (old_links)."""
-        self._sparse_saved = [(s, k) for s, k in self._sparse_saved if s != shard] + [(shard, kind)]
-        for _ in range(old_links([k for _, k in self._sparse_saved], self.saver_def.max_to_keep)):
-            old, _ = self._sparse_saved.pop(0)
-            shutil.rmtree(old, ignore_errors=True)
-            remove_if_empty(os.path.dirname(old))
+    def _forget_old(self, path, kind, mine):
+        """Keeps the sparse parts of the last max_to_keep saves, as TensorFlow does for dense files,
+        and the saves those build on (old_links). The rank that put a save in place removes it."""
+        self._sparse_saved = [e for e in self._sparse_saved if e[0] != path] + [(path, kind, mine)]
+        for _ in range(old_links([k for _, k, _ in self._sparse_saved], self.saver_def.max_to_keep)):
+            old, _, mine = self._sparse_saved.pop(0)
+            if mine:
+                shutil.rmtree(sparse_dir(old), ignore_errors=True)
+                discard_staged(old)
 
 
-def _kind_of(shard: str) -> str:
-    """FULL or DELTA, as the shard's manifest says (FULL when it cannot be read: a damaged save is
-    never built on, and may go)."""
+def _kind_and_layout(path: str) -> tuple:
+    """(FULL or DELTA, whether every rank saved under `path`), as its shards' manifests say (a full
+    save under a shared path when they cannot be read: a damaged save is never built on, and may go)."""
     try:
-        return read_manifest(shard).get("kind", FULL)
+        shards, _ = find_shards(sparse_dir(path))
+        manifest = read_manifest(next(iter(shards.values())))
     except CheckpointError:
-        return FULL
-
-
-def remove_if_empty(directory: str) -> None:
-    """Removes a save's directory once its last shard is gone. Every rank forgets its own shard at
-    the same time, so the directory may already be gone (another rank removed it) or not yet empty
-    (another rank's shard is still there): neither is an error of this save, which is committed."""
-    try:
-        os.rmdir(directory)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            log.warning("an old checkpoint directory could not be removed (%s); the new checkpoint is saved", e)
+        return FULL, True
+    return manifest.get("kind", FULL), manifest.get("layout") != "per_rank"

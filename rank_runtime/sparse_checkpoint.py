@@ -18,7 +18,11 @@ name, step and save_id, so that a chain with a missing, replaced or damaged link
 Each rank writes its own shard directory, so no rank waits for another: the files go into a
 temporary directory, are flushed, the manifest (sizes, CRC-32s, shapes, dims, slot names, step,
 world size) is written last, and the directory is renamed into place. A shard directory without a
-valid manifest does not exist for restore. Arrays are .npy files (a small header and raw data),
+valid manifest does not exist for restore. A save's shards are committed into a staging directory
+(<dir>/.sparse-<name>.saving), which replaces sparse-<name> as a whole once every rank committed
+(publish()): a step saved again by another number of ranks (a job restarted on fewer ranks that
+saves the step it restored) leaves no shard of the old world size beside the new ones, and a save
+killed before that leaves the old sparse-<name> as it was. Arrays are .npy files (a small header and raw data),
 read with allow_pickle=False: nothing in a checkpoint can execute.
 
 A checkpoint of n ranks restores into any number of ranks: each rank keeps the keys it owns
@@ -28,6 +32,8 @@ This module is the one description of the format: the Saver writes and reads thr
 the supervisor's tools (orchestrator/checkpoints.py, shardrec-ckpt) read through it. It imports
 no TensorFlow.
 """
+import ctypes
+import errno
 import io
 import json
 import mmap
@@ -48,6 +54,8 @@ VERSION = 1
 MANIFEST = "MANIFEST.json"
 SHARD_RE = re.compile(r"rank-(\d+)-of-(\d+)")
 SPARSE_RE = re.compile(r"sparse-(.+)")
+STAGING_SUFFIX = ".saving"
+STAGING_RE = re.compile(r"\.sparse-(.+)\.saving")
 _CHUNK = 64 * 2**20
 
 
@@ -59,6 +67,13 @@ def sparse_dir(save_path: str) -> str:
     """The sparse directory that belongs to a dense checkpoint path `<dir>/<name>-<step>`."""
     head, tail = os.path.split(os.path.abspath(save_path))
     return os.path.join(head, f"sparse-{tail}")
+
+
+def staging_dir(save_path: str) -> str:
+    """Where a save of `save_path` commits its shards before publish() puts them in place; its name
+    starts with a dot and does not match SPARSE_RE, so no reader takes it for a checkpoint."""
+    head, tail = os.path.split(os.path.abspath(save_path))
+    return os.path.join(head, f".sparse-{tail}{STAGING_SUFFIX}")
 
 
 def shard_name(rank: int, size: int) -> str:
@@ -176,8 +191,9 @@ def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: 
     row store, so that no table passes through memory whole).
     shared: every rank saves under the same path (else each under its own, the user guide's
     `model-{rank_id}`). kind: a full save or a delta (None: a full save of a job without
-    incremental checkpoints). Returns the committed shard directory."""
-    root = sparse_dir(save_path)
+    incremental checkpoints). Returns the committed shard directory, in the save's staging
+    directory: publish() puts it in place once every rank committed."""
+    root = staging_dir(save_path)
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, shard_name(rank, size))
     tmp = os.path.join(root, f".tmp-{shard_name(rank, size)}-{os.getpid()}")
@@ -213,10 +229,54 @@ def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: 
     return final
 
 
+def publish(save_path: str, size: int) -> str:
+    """Puts the staged shards of a save of `size` ranks in place as sparse-<name>, replacing what
+    was there as a whole. Call once every rank committed its shard, on one rank per directory (rank
+    0 when every rank saves under the same path): nothing else writes the staging directory then,
+    so whatever it holds besides this save's shards (shards of another world size, temporary
+    directories of a killed save) is a leftover and goes."""
+    staging, live = staging_dir(save_path), sparse_dir(save_path)
+    for entry in os.listdir(staging):
+        m = SHARD_RE.fullmatch(entry)
+        if m is None or int(m.group(2)) != size:
+            path = os.path.join(staging, entry)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    move_into_place(staging, live)
+    _fsync_path(os.path.dirname(live))
+    return live
+
+
+def discard_staged(save_path: str) -> None:
+    """Removes a failed save's staging directory (once no rank writes it any more)."""
+    shutil.rmtree(staging_dir(save_path), ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the C library
+    or the filesystem cannot (NFS, say)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), f"{a} <-> {b}")
+
+
 def move_into_place(tmp: str, final: str) -> None:
     """Renames the finished directory `tmp` to `final`; a directory already at `final` is replaced
-    as a whole (moved aside first, removed after), never merged."""
-    if os.path.exists(final):
+    as a whole, never merged: swapped with `tmp` in one step where the filesystem can, else moved
+    aside first; then removed."""
+    if os.path.exists(final) and _exchange(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.exists(final):
         old = f"{final}.old-{os.getpid()}"
         os.rename(final, old)
         os.rename(tmp, final)
@@ -247,7 +307,7 @@ def find_shards(root: str) -> dict:
     """{rank: shard directory} of the committed shards under a sparse directory, and the world
     size they were written by."""
     if not os.path.isdir(root):
-        raise CheckpointError(f"{root}: no sparse checkpoint here (the directory does not exist)")
+        raise CheckpointError(_no_sparse_dir(root))
     shards, sizes = {}, set()
     for entry in sorted(os.listdir(root)):
         m = SHARD_RE.fullmatch(entry)
@@ -257,8 +317,24 @@ def find_shards(root: str) -> dict:
     if not shards:
         raise CheckpointError(f"{root}: no committed shard (no rank-<r>-of-<n>/{MANIFEST})")
     if len(sizes) > 1:
-        raise CheckpointError(f"{root}: shards of different world sizes {sorted(sizes)}")
+        raise CheckpointError(f"{root}: shards of different world sizes {sorted(sizes)} "
+                              f"({', '.join(e for e in sorted(os.listdir(root)) if SHARD_RE.fullmatch(e))}): a save "
+                              "by another number of ranks (of an older shardrec) did not replace the old ones; "
+                              "remove the shards of the world size that did not write this step last")
     return shards, sizes.pop()
+
+
+def _no_sparse_dir(root: str) -> str:
+    """Why `root` holds no checkpoint; for a dense path that is a model directory, which
+    checkpoints it does hold."""
+    head, tail = os.path.split(root)
+    dense = os.path.join(head, SPARSE_RE.fullmatch(tail).group(1)) if SPARSE_RE.fullmatch(tail) else root
+    if os.path.isdir(dense):
+        names = sorted(SPARSE_RE.fullmatch(e).group(1) for e in os.listdir(dense) if SPARSE_RE.fullmatch(e))
+        held = f"it holds the checkpoint(s) {', '.join(names)}" if names else "it holds no shardrec checkpoint"
+        return (f"{dense} is a directory, not a checkpoint prefix: {held}; restore one of them by its prefix "
+                f"(<dir>/<name>), e.g. tf.train.latest_checkpoint({dense!r})")
+    return f"{root}: no sparse checkpoint here (the directory does not exist)"
 
 
 def needed_shards(root: str, rank: int, size: int) -> tuple:

@@ -58,6 +58,13 @@ def _stacks_of_hung(proc):
     return proc.communicate()
 
 
+def _session_of(process):
+    try:
+        return os.getsid(process.pid)
+    except (OSError, psutil.Error):
+        return None
+
+
 def check(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return proc
@@ -66,7 +73,8 @@ def check(proc):
 def kill_during_save(nprocs, job, args, sparse_dir, timeout=240):
     """Runs `job` (in tests/mpi_jobs) on `nprocs` ranks and kills every rank and mpiexec (SIGKILL)
     as soon as a shard of the save into `sparse_dir` is being written (its .tmp- directory is
-    there); fails when the job ended before."""
+    there, in the save's staging directory); fails when the job ended before."""
+    staging = os.path.join(os.path.dirname(sparse_dir), f".{os.path.basename(sparse_dir)}.saving")
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     # The killed mpiexec's session files go to a short directory of their own, removed below
     # (mpiexec() says why; Unix socket paths under pytest's tmp_path could be too long).
@@ -78,11 +86,22 @@ def kill_during_save(nprocs, job, args, sparse_dir, timeout=240):
                             start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.isdir(sparse_dir) and any(e.startswith(".tmp-") for e in os.listdir(sparse_dir)):
-            break
+        try:
+            if any(e.startswith(".tmp-") for e in os.listdir(staging)):
+                break
+        except FileNotFoundError:
+            pass
         time.sleep(0.005)
     running = proc.poll() is None
-    os.killpg(proc.pid, signal.SIGKILL)
+    # Open MPI puts each rank in a process group of its own: killing mpiexec's group would leave
+    # the ranks running (and a lone rank finishing its save), so every process of the session goes.
+    session = [p for p in psutil.process_iter() if _session_of(p) == proc.pid]
+    for p in session:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(session, timeout=30)
     proc.wait()
     shutil.rmtree(session_files, ignore_errors=True)
     assert running, "the job ended before its save began"

@@ -7,6 +7,7 @@ one machine"). Needs root, `ip` (iproute2) and `unshare` (util-linux).
     subprocess.run(hosts.inside(0, [...]))   # a command run on host 0 (mpiexec, or shardrec-run)
     hosts.mpiexec_args()                 # Open MPI options: the agent, TCP on the test subnet only
     hosts.cut(1) / hosts.restore(1)      # take host 1's link down / up
+    hosts.kill(1)                        # kill every process on host 1
     hosts.close()
 """
 import os
@@ -87,6 +88,16 @@ class NetnsHosts:
 
     def restore(self, index):
         _ip("-n", self.names[index], "link", "set", f"{self.names[index]}-v", "up")
+
+    def kill(self, index):
+        """Kills every process on host `index` (its Open MPI daemon and ranks): the host is gone."""
+        pids = subprocess.run(["ip", "netns", "pids", self.names[index]], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        return pids
 
     def close(self):
         """Kills what still runs inside the namespaces (a host whose link was cut keeps its Open MPI

@@ -66,3 +66,22 @@ def test_the_demo_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
         assert np.array_equal(resumed["keys"][a], once["keys"][b])
         for name in resumed:
             assert np.array_equal(resumed[name][a], once[name][b]), f"{table} {name}"
+
+
+def test_with_a_global_batch_every_number_of_ranks_reads_the_same_samples_at_each_step():
+    """--global-batch-size (an elastic job's input): step s's global batch is the same whether 1 or 2
+    ranks read it, split in rank order, from any step on."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import wide_deep
+
+    args = wide_deep.parse_args(["--global-batch-size", "8", "--steps", "120"])
+    for start in (0, 37, 60):
+        alone = wide_deep.train_samples(args, 0, 1, start)
+        pair = [wide_deep.train_samples(args, rank, 2, start) for rank in (0, 1)]
+        for name, whole in alone.items():
+            steps = 120 - start
+            assert len(whole) == steps * 8
+            split = np.concatenate([p[name].reshape(steps, 4, *whole.shape[1:]) for p in pair], axis=1)
+            np.testing.assert_array_equal(split.reshape(whole.shape), whole, err_msg=name)
+    later = wide_deep.train_samples(args, 0, 1, 60)
+    np.testing.assert_array_equal(later["label"], wide_deep.train_samples(args, 0, 1, 0)["label"][60 * 8:])

@@ -3,6 +3,8 @@
 Open MPI's TCP kept on their link. The 2-host job must end as the single-host run does; a host
 whose link is cut mid-run must be named and the job restarted, or the run must fail, never
 succeed; a host that does not answer must be named."""
+import json
+import os
 import re
 import subprocess
 import time
@@ -94,7 +96,7 @@ def test_when_mpiexec_exits_0_after_losing_a_host_the_run_fails_naming_it(tmp_pa
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-4000:]
     assert re.search(rf"attempt 0 failed: mpiexec exited 0 but rank\(s\) \[0, 1\] never finished: host "
-                     rf"{hosts.names[1]} \(rank 1\) fell silent first", stderr), stderr[-4000:]
+                     rf"{hosts.names[1]} \((rank 1\) fell silent first|rank\(s\) \[1\]\) was lost)", stderr), stderr[-4000:]
     assert_gone(attempt_pids(run, 0))
 
 
@@ -107,3 +109,62 @@ def test_a_host_that_does_not_answer_is_named_before_any_rank_starts(tmp_path, h
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert f"mpiexec could not start its daemon on host {hosts.names[2]}, or that host did not answer" in proc.stderr
     assert time.monotonic() - started < 60
+
+
+def test_an_elastic_job_goes_on_without_a_lost_host_and_grows_back_when_it_returns(tmp_path, hosts):
+    """Two hosts, one rank each. Host 1 is killed for good (every process, its link, and the discovery
+    script no longer lists it): the failure names rank 1 and host 1, and the job goes on with one
+    rank from the last checkpoint, whose tables it restores exactly. Host 1 returns: the job grows
+    back to two ranks at the end of a step, again exactly, and ends bitwise as a user restarting by
+    hand on the same ranks from the same steps."""
+    from test_elastic import assert_rows_equal, assert_same_training, beat_step, rows_of, started
+
+    a, b = hosts.names[:2]
+    listing = tmp_path / "hosts-now"
+    listing.write_text(f"{a}\n{b}\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    extra = ("--host-discovery-script", script, "--min-np", 1, "--max-np", 2, "--blacklist-cooldown-range", 2, 10,
+             "--hang-timeout", 20, *[f"--mpiexec-arg={x}" for x in hosts.mpiexec_args()])
+    args, out, run = job_args(tmp_path, "elastic", extra)
+    ckpt = tmp_path / "elastic-ckpt"
+    proc = subprocess.Popen(hosts.inside(0, [RUN, *map(str, args)]), env=run_env(STEP_DELAY_S="0.4"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoint(ckpt, 10, proc)
+        saved_10 = rows_of(ckpt, "model.ckpt-10")
+        listing.write_text(f"{a}\n")
+        lost_at = time.monotonic()
+        hosts.kill(1)
+        hosts.cut(1)
+        wait_for(lambda: beat_step(run, 1) > 10, proc, 120, "training on one rank")
+        back_in = time.monotonic() - lost_at
+        wait_for(lambda: sorted(os.listdir(ckpt / "sparse-model.ckpt-10")) == ["rank-0-of-1"], proc, 30,
+                 "the 1-rank save of the step restored")
+        assert_rows_equal(rows_of(ckpt, "model.ckpt-10"), saved_10)
+        hosts.restore(1)
+        listing.write_text(f"{a}\n{b}\n")
+        returned_at = time.monotonic()
+        wait_for(lambda: (run / "attempt-2" / "command.json").exists(), proc, 120, "the grow")
+        grown_at = int(started(run, 2)[2].rsplit("-", 1)[1])
+        name = f"model.ckpt-{grown_at}"
+        saved_grow = rows_of(ckpt, name)
+        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == ["rank-0-of-1"]
+        wait_for(lambda: beat_step(run, 2) > grown_at, proc, 120, "training on two ranks again")
+        full_in = time.monotonic() - returned_at
+        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == ["rank-0-of-2", "rank-1-of-2"]
+        assert_rows_equal(rows_of(ckpt, name), saved_grow)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-5000:]
+    assert f"attempt 0 failed: mpiexec exited 0 but rank(s) [0, 1] never finished: host {b} (rank(s) [1]) was lost" \
+        in stderr, stderr[-5000:]
+    assert f"host {b} stays out of new attempts for 2 s" in stderr, stderr[-5000:]
+    assert [started(run, k)[:2] for k in range(3)] == [(2, f"{a}:1,{b}:1"), (1, f"{a}:1"), (2, f"{a}:1,{b}:1")]
+    summary = json.loads((run / "summary.json").read_text())
+    lost = summary["attempt_list"][0]["steps_lost"]
+    print(f"ELASTIC-TIMES lost->training {back_in:.1f} s, returned->training on 2 {full_in:.1f} s, steps lost {lost}")
+    assert_same_training(ckpt, tmp_path, 10, grown_at, out)

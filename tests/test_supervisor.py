@@ -5,6 +5,7 @@ before anything starts."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -62,7 +63,7 @@ def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference
                               r"kernel may kill it", proc.stderr)) == 1
 
 
-@pytest.mark.parametrize("fault,why", [("1:12:kill", r"rank 1 failed"), ("0:7:raise", r"rank 0 failed")],
+@pytest.mark.parametrize("fault,why", [("1:12:kill", r"rank 1 on host \S+ failed"), ("0:7:raise", r"rank 0 on host \S+ failed")],
                          ids=["sigkill", "exception"])
 def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterrupted_run(
         tmp_path, uninterrupted, fault, why):
@@ -95,7 +96,7 @@ def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survive
 def test_without_restarts_a_failing_rank_ends_the_run_naming_it_with_its_last_lines(tmp_path):
     proc, _, run = train(tmp_path, "once", fault="1:4:raise", extra=("--max-restarts", 0))
     assert proc.returncode == 1
-    assert "attempt 0 failed: rank 1 failed" in proc.stderr
+    assert f"attempt 0 failed: rank 1 on host {socket.gethostname()} failed" in proc.stderr
     assert "last lines of rank 1" in proc.stderr and "injected failure on rank 1 at step 4" in proc.stderr
     assert "giving up after 1 attempt(s) (--max-restarts 0); the last complete checkpoint is" in proc.stderr
     assert not json.loads((run / "summary.json").read_text())["ok"]
@@ -174,7 +175,7 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (proc, final_checkpoint(model_dir))
     killed = runs["killed"][0].stderr
-    assert "attempt 0 failed: rank 1 failed (killed by signal 9" in killed, killed[-3000:]
+    assert f"attempt 0 failed: rank 1 on host {socket.gethostname()} failed (killed by signal 9" in killed, killed[-3000:]
     assert re.search(r"restarting the job in 1 s \(attempt 1 of 4\) from \S+model.ckpt-10 \(step 10\)", killed)
     (want_rows, want_w), (got_rows, got_w) = runs["reference"][1], runs["killed"][1]
     assert sorted(got_rows) == sorted(want_rows)
@@ -193,11 +194,11 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
     attempt.beats[0] = Heartbeat(step=15, total_steps=30, samples_per_s=1234.4, loss=0.25)
     attempt._progress_line(tty=True)
     line = capsys.readouterr().err
-    assert re.fullmatch(r"\r\[shardrec-run\] attempt 0  \[##########\.{10}\]  step 15/30  1234 samples/s  "
+    assert re.fullmatch(r"\r\[shardrec-run\] attempt 0 on 2 rank\(s\)  \[##########\.{10}\]  step 15/30  1234 samples/s  "
                         r"loss 0\.2500  ETA (9|10) s\x1b\[K", line), repr(line)
     attempt._progress_line(tty=False)  # not a terminal: a plain log line, no bar
     plain = capsys.readouterr().err
-    assert re.search(r"\] attempt 0  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", plain), plain
+    assert re.search(r"\] attempt 0 on 2 rank\(s\)  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", plain), plain
 
 
 def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_at_once(tmp_path):
@@ -210,11 +211,11 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
     attempt.beats = {0: Heartbeat(host="a", exiting=True), 1: Heartbeat(host="a"), 2: Heartbeat(host="a")}
     attempt.heard = {0: now, 1: now + 25, 2: now + 25}
     attempt.moved = {0: now, 1: now, 2: now}
-    assert attempt._hung(now + 25) == (None, None)  # 25 s without progress, still ticking, rank 0 done
+    assert attempt._hung(now + 25) == (None, None, None)  # 25 s without progress, still ticking, rank 0 done
     attempt.heard = {0: now, 1: now + FINISH_GRACE_S, 2: now + FINISH_GRACE_S}
-    why, rank = attempt._hung(now + FINISH_GRACE_S + 1)
+    why, rank, _ = attempt._hung(now + FINISH_GRACE_S + 1)
     assert rank in (1, 2) and f"did not finish within {FINISH_GRACE_S + 1:.0f} s of its last progress, while rank(s) " \
                               "[0] had exited" in why
     attempt.heard[2] = now + 5  # rank 2 fell silent: counted at the hang timeout, grace or not
-    why, rank = attempt._hung(now + 16)
+    why, rank, _ = attempt._hung(now + 16)
     assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")

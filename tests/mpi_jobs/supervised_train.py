@@ -6,7 +6,8 @@ tables and the dense weights to OUT_DIR/final-rank<r>.npz.
     shardrec-run -np 2 --checkpoint-dir CKPT -- python supervised_train.py CKPT OUT_DIR
 
 FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt only, SIGKILL or
-SIGSTOP itself or raise, once the given step is done (tests only). STEP_DELAY_S slows every step
+SIGSTOP itself or raise, once the given step is done (tests only); STOP_AT ends the training (and
+saves) at that step instead of TOTAL_STEPS. STEP_DELAY_S slows every step
 down, for tests that act on the job from outside while it runs. ACCESS_THRESHOLD sets the feature's
 access_threshold (default -1: no admission); SSD_DIR gives the table an SSD tier there, below a
 memory budget of 128 rows a rank.
@@ -83,7 +84,7 @@ def main(checkpoint_dir, out_dir):
     with tf.compat.v1.train.MonitoredTrainingSession(
             checkpoint_dir=checkpoint_dir, is_chief=True, save_checkpoint_steps=5,
             save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None,
-            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=TOTAL_STEPS)]) as sess:
+            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=int(os.environ.get("STOP_AT", TOTAL_STEPS)))]) as sess:
         state, done = None, start
         while not sess.should_stop():
             value, state = sess.run([loss, after])

@@ -1,0 +1,370 @@
+"""A job restarted on another number of ranks (issue 29): its checkpoints stay whole.
+
+A restart on fewer ranks restores the last checkpoint resharded; MonitoredTrainingSession's hook
+then saves that step again at once, by the new world size. That save must replace every shard of
+the step, whatever world size wrote them, and a save killed half way must leave the step as it was.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import contextlib
+import json
+import re
+
+import numpy as np
+import pytest
+
+from mpi_helpers import check, kill_during_save, mpiexec
+
+RUN_CKPT = os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt")
+
+
+def rows_of(directory, name, table="emb"):
+    """Every rank's rows of `table` in checkpoint `name` of `directory`, by key, read as
+    shardrec-ckpt export reads them (no TensorFlow)."""
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+
+    arrays = table_rows(find_checkpoints(os.path.join(directory, name))[0], table)
+    order = np.argsort(arrays["keys"])
+    pending = np.argsort(arrays["pending_keys"]) if "pending_keys" in arrays else None
+    return {k: v[pending] if k.startswith("pending") else v[order] for k, v in arrays.items()}
+
+
+def assert_rows_equal(got, want):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def inspect(directory):
+    return subprocess.run([RUN_CKPT, "inspect", str(directory)], capture_output=True, text=True)
+
+
+def test_the_hook_saving_a_restored_step_again_on_fewer_ranks_replaces_every_shard(tmp_path):
+    """2 ranks save step 5 and die at step 7; 1 rank restores step 5 (its MonitoredTrainingSession
+    saves step 5 again at once) and dies at step 6. Step 5 holds the 1-rank shard alone, equals
+    what 2 ranks saved, and restores; later saves by 2 ranks again replace the 1-rank ones."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    job = ("supervised_train.py", ckpt, out)
+    proc = mpiexec(2, *job, env={"FAULT": "1:7:kill"}, timeout=240)
+    assert proc.returncode != 0 and "FAULT rank=1 step=7 kill" in proc.stdout, proc.stdout[-3000:]
+    assert sorted(os.listdir(ckpt / "sparse-model.ckpt-5")) == ["rank-0-of-2", "rank-1-of-2"]
+    saved_by_two = rows_of(ckpt, "model.ckpt-5")
+
+    proc = mpiexec(1, *job, env={"FAULT": "0:6:kill"}, timeout=240)
+    assert proc.returncode != 0 and "FAULT rank=0 step=6 kill" in proc.stdout, proc.stdout[-3000:]
+    assert sorted(os.listdir(ckpt / "sparse-model.ckpt-5")) == ["rank-0-of-1"]
+    assert not [e for e in os.listdir(ckpt) if e.endswith(".saving")]
+    assert_rows_equal(rows_of(ckpt, "model.ckpt-5"), saved_by_two)  # resharded exactly, slots too
+    report = inspect(ckpt)
+    assert report.returncode == 0 and "model.ckpt-5: step 5, world size 1, OK" in report.stdout, report.stdout
+
+    # 2 ranks again, from step 5 to the end: each save replaces the 1-rank one of its step, and
+    # max_to_keep removes old ones whole, whichever world size wrote them.
+    check(mpiexec(2, *job, timeout=240))
+    for entry in os.listdir(ckpt):
+        if entry.startswith("sparse-"):
+            assert sorted(os.listdir(ckpt / entry)) == ["rank-0-of-2", "rank-1-of-2"], entry
+    assert inspect(ckpt).returncode == 0
+
+
+def test_a_save_killed_while_replacing_a_step_of_another_world_size_leaves_the_old_one(tmp_path):
+    """1 rank restores a 2-rank checkpoint of step 10 and saves step 10 again; killed while it
+    writes, the 2-rank checkpoint is intact and restores; shardrec-ckpt names the unfinished save."""
+    job = "ckpt_job.py"
+    big = ["--dim", "64", "--vocab", "1200000"]
+    check(mpiexec(2, job, "--out", tmp_path, "--tag", "before", "--start", 0, "--end", 10, "--save",
+                  tmp_path / "model", *big, timeout=300))
+    saved = rows_of(tmp_path, "model-10")
+    kill_during_save(1, job, ["--out", tmp_path, "--tag", "killed", "--start", 10, "--end", 10, "--restore",
+                              tmp_path / "model-10", "--save", tmp_path / "model", "--extra-keys", 500000, *big],
+                     tmp_path / "sparse-model-10")
+    assert sorted(os.listdir(tmp_path / "sparse-model-10")) == ["rank-0-of-2", "rank-1-of-2"]
+    assert_rows_equal(rows_of(tmp_path, "model-10"), saved)
+    report = inspect(tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert ".sparse-model-10.saving: the shards of a save that did not finish" in report.stdout, report.stdout
+    # The next save of the step, by 1 rank, replaces it whole and removes the leftover.
+    check(mpiexec(1, job, "--out", tmp_path, "--tag", "again", "--start", 10, "--end", 10, "--restore",
+                  tmp_path / "model-10", "--save", tmp_path / "model", *big, timeout=300))
+    assert sorted(os.listdir(tmp_path / "sparse-model-10")) == ["rank-0-of-1"]
+    assert not (tmp_path / ".sparse-model-10.saving").exists()
+    assert_rows_equal(rows_of(tmp_path, "model-10"), saved)
+
+
+def test_inspect_reports_a_directory_of_two_world_sizes(tmp_path):
+    """Shards of two world sizes in one step's directory (left by an older shardrec): inspect says
+    which, and the checkpoint is not taken for complete."""
+    job = "ckpt_job.py"
+    check(mpiexec(2, job, "--out", tmp_path, "--tag", "two", "--start", 0, "--end", 3, "--save", tmp_path / "model"))
+    check(mpiexec(1, job, "--out", tmp_path / "one", "--tag", "one", "--start", 0, "--end", 3, "--save",
+                  tmp_path / "one" / "model"))
+    os.rename(tmp_path / "one" / "sparse-model-3" / "rank-0-of-1", tmp_path / "sparse-model-3" / "rank-0-of-1")
+    report = inspect(tmp_path)
+    assert report.returncode == 1, report.stdout
+    assert ("shards of different world sizes: 1 rank(s): rank-0-of-1; 2 rank(s): rank-0-of-2, rank-1-of-2"
+            in report.stdout), report.stdout
+
+
+def test_restoring_a_model_directory_names_the_checkpoints_it_holds(tmp_path):
+    job = "ckpt_job.py"
+    check(mpiexec(1, job, "--out", tmp_path, "--tag", "a", "--start", 0, "--end", 3, "--save", tmp_path / "model"))
+    proc = mpiexec(1, job, "--out", tmp_path, "--tag", "b", "--restore", tmp_path, "--catch-restore")
+    text = proc.stdout + proc.stderr
+    assert f"{tmp_path} is a directory, not a checkpoint prefix: it holds the checkpoint(s) model-3" in text, text[-3000:]
+    assert "tf.train.latest_checkpoint(" in text
+
+
+# shardrec-run --host-discovery-script: the job shrinks onto the slots left and grows back.
+
+def discovery(tmp, text):
+    """A discovery script printing the file `hosts` (which the test rewrites), and that file."""
+    listing = tmp / "hosts"
+    listing.write_text(text)
+    script = tmp / "discover.sh"
+    script.write_text(f"#!/bin/sh\nmode=$(cat {tmp}/mode 2>/dev/null)\n"
+                      'case "$mode" in fail) echo "inventory down" >&2; exit 3;; hang) sleep 60;; '
+                      'garbage) echo "not a host!";; esac\n'
+                      f"cat {listing}\n")
+    script.chmod(0o755)
+    return script, listing
+
+
+def elastic_args(script, *extra):
+    return ("--host-discovery-script", script, "--min-np", 1, "--max-np", 2, "--blacklist-cooldown-range", 1, 5,
+            *extra)
+
+
+def started(run, attempt):
+    """(np, hosts, resumed_from) of an attempt, from its command.json."""
+    with open(run / f"attempt-{attempt}" / "command.json") as f:
+        c = json.load(f)
+    return c["np"], c["hosts"], c["resume_from"]
+
+
+def beat_step(run, attempt, rank=0):
+    try:
+        with open(run / f"attempt-{attempt}" / "heartbeat" / f"rank-{rank}.json") as f:
+            return json.load(f).get("step") or 0
+    except (OSError, ValueError):
+        return 0
+
+
+def by_hand(tmp, name, source, step, ranks, stop, env=None):
+    """The supervisor's test job run by hand on `ranks` from checkpoint `step` of the directory
+    `source` (copied) up to step `stop`: what a user restarting on those ranks gets. Returns (its
+    checkpoint directory, its output directory)."""
+    ckpt, out = tmp / f"{name}-ckpt", tmp / f"{name}-out"
+    ckpt.mkdir()
+    out.mkdir()
+    prefix = f"model.ckpt-{step}"
+    for entry in os.listdir(source):
+        if entry.startswith(prefix + ".") or entry == f"sparse-{prefix}":
+            copy = shutil.copytree if os.path.isdir(source / entry) else shutil.copy
+            copy(source / entry, ckpt / entry)
+    (ckpt / "checkpoint").write_text(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
+    if env and "SSD_DIR" in env:
+        env = dict(env, SSD_DIR=str(tmp / f"{name}-ssd"))
+        os.mkdir(env["SSD_DIR"])
+    check(mpiexec(ranks, "supervised_train.py", ckpt, out, env={"STOP_AT": str(stop), **(env or {})}, timeout=300))
+    return ckpt, out
+
+
+def assert_same_training(elastic_ckpt, tmp, restored, grown_at, out, env=None):
+    """The elastic job, segment by segment, against a user restarting by hand from the same
+    checkpoints: 1 rank from `restored` to `grown_at` (the same dense variables, bitwise, and the same
+    rows of every key the job's checkpoint holds: a run stopped by its step hook also saves the
+    keys its prefetched batches added, with their initial rows), then 2 ranks from the job's
+    checkpoint of `grown_at` to the end (everything bitwise)."""
+    import tensorflow as tf
+
+    hand_ckpt, _ = by_hand(tmp, "hand-1", elastic_ckpt, restored, 1, grown_at, env)
+    name = f"model.ckpt-{grown_at}"
+    np.testing.assert_array_equal(tf.train.load_variable(str(hand_ckpt / name), "w"),
+                                  tf.train.load_variable(str(elastic_ckpt / name), "w"))
+    got, want = rows_of(elastic_ckpt, name), rows_of(hand_ckpt, name)
+    at = np.minimum(np.searchsorted(want["keys"], got["keys"]), len(want["keys"]) - 1)
+    lacking = got["keys"][want["keys"][at] != got["keys"]]
+    assert not len(lacking), f"keys of the job's checkpoint that the user's lacks: {lacking[:10]}"
+    for what in got:
+        if what.startswith("pending"):  # keys still counting, in key order (rows_of)
+            np.testing.assert_array_equal(got[what], want[what], err_msg=what)
+        else:
+            np.testing.assert_array_equal(got[what], want[what][at], err_msg=what)
+    _, hand_out = by_hand(tmp, "hand-2", elastic_ckpt, grown_at, 2, 30, env)
+    assert_bitwise_same(out, hand_out)
+
+
+def assert_bitwise_same(out, reference, ranks=(0, 1)):
+    for rank in ranks:
+        got, want = np.load(out / f"final-rank{rank}.npz"), np.load(reference / f"final-rank{rank}.npz")
+        assert int(got["step"]) == int(want["step"])
+        np.testing.assert_array_equal(got["w"], want["w"])
+        order_got, order_want = np.argsort(got["keys"]), np.argsort(want["keys"])
+        np.testing.assert_array_equal(got["keys"][order_got], want["keys"][order_want])
+        np.testing.assert_array_equal(got["rows"][order_got], want["rows"][order_want], err_msg=f"rank {rank}")
+
+
+@pytest.mark.parametrize("tables", ["memory", "admission-ssd"])
+def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tables):
+    """2 slots, then rank 1 dies at step 12 while discovery says 1 slot: the job goes on with 1 rank
+    from checkpoint 10; 2 slots again: the ranks save and stop, and the job ends on 2. Each stretch
+    is bitwise what a user gets restarting by hand on those ranks from the same checkpoint; with
+    admission and an SSD tier, admission counts, timestamps and every tier's rows too."""
+    env = {}
+    if tables == "admission-ssd":
+        (tmp_path / "ssd").mkdir()
+        env = {"ACCESS_THRESHOLD": "2", "SSD_DIR": str(tmp_path / "ssd")}
+    script, listing = discovery(tmp_path, "localhost:2\n")
+    proc, out, run = start_elastic(tmp_path, "elastic", "1:12:kill", elastic_args(script), env=env)
+    with stopped_at_the_end(proc):
+        wait_until(proc, lambda: beat_step(run, 0) >= 8)
+        listing.write_text("localhost:1\n")  # one slot from now on, until the job runs on it
+        wait_until(proc, lambda: beat_step(run, 1) >= 13)
+        listing.write_text("localhost:2\n")
+        _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-5000:]
+    assert started(run, 0)[:2] == (2, "localhost:2")
+    np1, hosts1, resumed1 = started(run, 1)
+    assert (np1, hosts1) == (1, "localhost:1") and resumed1.endswith("model.ckpt-10"), stderr[-4000:]
+    np2, hosts2, resumed2 = started(run, 2)
+    assert (np2, hosts2) == (2, "localhost:2")
+    grown_at = int(resumed2.rsplit("-", 1)[1])
+    assert 13 <= grown_at < 30, stderr[-4000:]
+    assert re.search(r"attempt 0 failed: rank 1 on host \S+ failed", stderr), stderr[-4000:]
+    assert "growing from 1 to 2 rank(s) (2 slot(s) usable now: localhost (2))" in stderr, stderr[-4000:]
+    assert f"attempt 1 saved and stopped at step {grown_at} to grow" in stderr, stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ok"] and [a["np"] for a in summary["attempt_list"]] == [2, 1, 2]
+    assert summary["attempt_list"][1]["reason"] == "resized" and summary["attempt_list"][1]["steps_lost"] == 0
+    # Steps lost: those past checkpoint 10 that the ranks' last beats reported (beats come at most
+    # twice a second, so the last step or two before the kill may not have been heard).
+    first = summary["attempt_list"][0]
+    assert first["reached_step"] in (10, 11, 12) and first["steps_lost"] == first["reached_step"] - 10, first
+    if first["steps_lost"]:
+        assert (f"{first['steps_lost']} step(s) lost: the ranks had reached step {first['reached_step']}, the next "
+                "attempt resumes from step 10") in stderr
+    if env:
+        got = rows_of(tmp_path / "elastic-ckpt", f"model.ckpt-{grown_at}")
+        assert {"counts", "last_seen", "pending_keys"} <= set(got) and got["counts"].min() >= 2, sorted(got)
+        summary_tiers = summary.get("tiers", {}).get("emb", {})
+        assert summary_tiers, summary  # the SSD tier was in use
+    assert_same_training(tmp_path / "elastic-ckpt", tmp_path, 10, grown_at, out, env)
+
+
+def start_elastic(tmp, name, fault, extra, step_delay="0.4", env=None):
+    from supervisor_helpers import RUN, job_args, run_env
+
+    args, out, run = job_args(tmp, name, extra)
+    proc = subprocess.Popen([RUN, *map(str, args)], env=run_env(fault, STEP_DELAY_S=step_delay, **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, out, run
+
+
+@contextlib.contextmanager
+def stopped_at_the_end(proc):
+    """The supervisor of a test that failed half way is killed, not left running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def wait_until(proc, done, seconds=240):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-4000:]
+        time.sleep(0.1)
+
+
+def test_below_min_np_for_longer_than_the_elastic_timeout_the_job_fails_naming_the_hosts_lost(tmp_path):
+    from supervisor_helpers import assert_gone, attempt_pids
+
+    script, listing = discovery(tmp_path, "localhost:2\n")
+    proc, _, run = start_elastic(tmp_path, "starved", "1:6:kill", elastic_args(script, "--elastic-timeout", 4))
+    with stopped_at_the_end(proc):
+        wait_until(proc, lambda: beat_step(run, 0) >= 2)
+        listing.write_text("")  # the host goes as rank 1 dies
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-4000:]
+    assert ("giving up: fewer than --min-np 1 slot(s) usable for 4 s (--elastic-timeout); hosts lost: localhost; "
+            "usable now: none") in stderr, stderr[-4000:]
+    assert "0 slot(s) usable (no host), fewer than --min-np 1; waiting up to 4 s (--elastic-timeout)" in stderr
+    assert not (run / "attempt-1").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert not summary["ok"] and "hosts lost: localhost" in summary["reason"]
+    assert_gone(attempt_pids(run, 0))
+
+
+def test_a_discovery_script_that_fails_hangs_or_prints_garbage_is_named_and_the_hosts_kept(tmp_path):
+    script, _ = discovery(tmp_path, "localhost:2\n")
+    mode = tmp_path / "mode"
+    proc, out, run = start_elastic(tmp_path, "flaky", None, elastic_args(script), step_delay="0.5")
+    with stopped_at_the_end(proc):
+        wait_until(proc, lambda: beat_step(run, 0) >= 2)
+        for what, said in (("fail", "exit status 3: inventory down"),
+                           ("garbage", "line 1 'not a host!' is not `host` or `host:slots` (slots >= 1)"),
+                           ("hang", "no answer in 10 s")):
+            mode.write_text(what)
+            wait_until(proc, lambda: said in (run / "hosts.log").read_text() if (run / "hosts.log").exists() else False,
+                       60)
+        mode.write_text("")
+        _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-4000:]
+    for said in ("exit status 3: inventory down", "is not `host` or `host:slots`", "no answer in 10 s"):
+        assert f"host discovery script {script}: " in stderr and said in stderr, stderr[-4000:]
+    assert "keeping the hosts known before (localhost:2)" in stderr
+    assert not (run / "attempt-1").exists()  # the job ran on 2 ranks throughout
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--min-np", 3), "--min-np 3: allowed: 1 to -np (2)"),
+    (("--max-np", 1), "--max-np 1: allowed: -np (2) or more"),
+    (("--blacklist-cooldown-range", 9, 3), "--blacklist-cooldown-range 9 3: allowed: 0 <= LOW <= HIGH seconds"),
+    (("--elastic-timeout", 0), "--elastic-timeout 0.0: allowed: a number of seconds > 0"),
+], ids=["min-np", "max-np", "cooldown", "timeout"])
+def test_bad_elastic_options_are_refused_before_anything_starts(tmp_path, extra, message):
+    from supervisor_helpers import shardrec_run
+
+    script, _ = discovery(tmp_path, "localhost:2\n")
+    proc = shardrec_run("-np", 2, "--host-discovery-script", script, "--checkpoint-dir", tmp_path / "c", *extra,
+                        "--run-dir", tmp_path / "run", "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_discovery_script_that_is_not_executable_or_elastic_options_without_one_are_refused(tmp_path):
+    from supervisor_helpers import shardrec_run
+
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    common = ("--checkpoint-dir", tmp_path / "c", "--", sys.executable, "-c", "pass")
+    proc = shardrec_run("-np", 2, "--host-discovery-script", script, *common)
+    assert proc.returncode == 2 and f"--host-discovery-script {script}: not an executable file" in proc.stderr
+    proc = shardrec_run("-np", 2, "--min-np", 1, *common)
+    assert proc.returncode == 2 and "--min-np needs --host-discovery-script" in proc.stderr, proc.stderr
+    script.chmod(0o755)
+    proc = shardrec_run("-np", 2, "--host-discovery-script", script, "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 2 and "--host-discovery-script needs --checkpoint-dir" in proc.stderr, proc.stderr
+
+
+def test_hosts_parse_cool_down_and_place():
+    from shardrec.orchestrator.hosts import Cooldowns, DiscoveryError, Host, parse_hosts, place
+
+    assert parse_hosts("# comment\na:2\nb\n\nc:1\n", 4, "s") == [Host("a", 2), Host("b", 4), Host("c", 1)]
+    for bad in ("a:0", "a b", "a:x", "a:2:3"):
+        with pytest.raises(DiscoveryError, match="is not `host` or `host:slots`"):
+            parse_hosts(bad, 1, "s")
+    cool = Cooldowns(10, 30)
+    assert [cool.failed("a", now=0) for _ in range(3)] == [10, 20, 30]
+    assert cool.cooling(now=29) == {"a": 1} and cool.cooling(now=31) == {}
+    placement = place([Host("a", 2), Host("b", 2), Host("c", 2)], {"b": 5.0}, 3)
+    assert placement.mpiexec_hosts() == "a:2,c:1" and placement.np == 3
+    assert [placement.host_of_rank(r) for r in range(4)] == ["a", "a", "c", None]
