@@ -61,6 +61,7 @@ def write_checkpoint(save_path, rows, dim, ranks=2, seed=0):
             return fmt.TableFiles(dim, "int64", len(mine), [], [], files)
 
         fmt.write_shard(save_path, rank, ranks, 1, {"big": writer}, shared=True)
+    fmt.publish(save_path, ranks)  # every rank's shard committed: in place, as the Saver does
     probe = {"keys": np.append(probe_keys, -12345), "rows": probe_rows}
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()

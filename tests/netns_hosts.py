@@ -32,13 +32,16 @@ def _ip(*args):
 
 
 class NetnsHosts:
-    def __init__(self, directory, unreachable=0):
-        """Two linked hosts, and `unreachable` more with no link at all (hosts that never answer)."""
+    def __init__(self, directory, unreachable=0, linked=2):
+        """`linked` hosts that reach each other (2: a veth pair; more: each on a bridge of its own
+        here), and `unreachable` more with no link at all (hosts that never answer)."""
         for tool in ("ip", "unshare"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} not found: these tests need iproute2 and util-linux")
         tag = f"sr{os.getpid() % 100000}"
-        self.names = [f"{tag}{chr(ord('a') + i)}" for i in range(2 + unreachable)]
+        self.names = [f"{tag}{chr(ord('a') + i)}" for i in range(linked + unreachable)]
+        self.linked = linked
+        self.bridge = f"{tag}-br" if linked > 2 else None
         self.subnet = f"10.{77 + os.getpid() % 100}.0"
         self.address = {name: f"{self.subnet}.{i + 1}" for i, name in enumerate(self.names)}
         self.created = []
@@ -50,9 +53,17 @@ class NetnsHosts:
                 _ip("netns", "add", name)
                 self.created.append(name)
                 _ip("-n", name, "link", "set", "lo", "up")
-            a, b = self.names[:2]
-            _ip("link", "add", f"{a}-v", "type", "veth", "peer", "name", f"{b}-v")
-            for name in (a, b):
+            if self.bridge:
+                _ip("link", "add", self.bridge, "type", "bridge")
+                _ip("link", "set", self.bridge, "up")
+                for name in self.names[:linked]:
+                    _ip("link", "add", f"{name}-v", "type", "veth", "peer", "name", f"{name}-p")
+                    _ip("link", "set", f"{name}-p", "master", self.bridge)
+                    _ip("link", "set", f"{name}-p", "up")
+            else:
+                a, b = self.names[:2]
+                _ip("link", "add", f"{a}-v", "type", "veth", "peer", "name", f"{b}-v")
+            for name in self.names[:linked]:
                 _ip("link", "set", f"{name}-v", "netns", name)
                 _ip("-n", name, "addr", "add", f"{self.address[name]}/24", "dev", f"{name}-v")
                 _ip("-n", name, "link", "set", f"{name}-v", "up")
@@ -83,7 +94,7 @@ class NetnsHosts:
         return path
 
     def cut(self, index):
-        """Takes host `index`'s end of the link down (index 0 or 1)."""
+        """Takes host `index`'s end of its link down (a linked host)."""
         _ip("-n", self.names[index], "link", "set", f"{self.names[index]}-v", "down")
 
     def restore(self, index):
@@ -111,3 +122,5 @@ class NetnsHosts:
                     pass
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.created = []
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

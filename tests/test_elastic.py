@@ -173,15 +173,16 @@ def by_hand(tmp, name, source, step, ranks, stop, env=None):
     return ckpt, out
 
 
-def assert_same_training(elastic_ckpt, tmp, restored, grown_at, out, env=None):
+def assert_same_training(elastic_ckpt, tmp, restored, grown_at, out, env=None, ranks=(1, 2)):
     """The elastic job, segment by segment, against a user restarting by hand from the same
-    checkpoints: 1 rank from `restored` to `grown_at` (the same dense variables, bitwise, and the same
-    rows of every key the job's checkpoint holds: a run stopped by its step hook also saves the
-    keys its prefetched batches added, with their initial rows), then 2 ranks from the job's
-    checkpoint of `grown_at` to the end (everything bitwise)."""
+    checkpoints: `ranks` (fewer, more). The fewer from `restored` to `grown_at` (the same dense
+    variables, bitwise, and the same rows of every key the job's checkpoint holds: a run stopped by
+    its step hook also saves the keys its prefetched batches added, with their initial rows), then
+    the more from the job's checkpoint of `grown_at` to the end (everything bitwise)."""
     import tensorflow as tf
 
-    hand_ckpt, _ = by_hand(tmp, "hand-1", elastic_ckpt, restored, 1, grown_at, env)
+    fewer, more = ranks
+    hand_ckpt, _ = by_hand(tmp, "hand-1", elastic_ckpt, restored, fewer, grown_at, env)
     name = f"model.ckpt-{grown_at}"
     np.testing.assert_array_equal(tf.train.load_variable(str(hand_ckpt / name), "w"),
                                   tf.train.load_variable(str(elastic_ckpt / name), "w"))
@@ -194,8 +195,8 @@ def assert_same_training(elastic_ckpt, tmp, restored, grown_at, out, env=None):
             np.testing.assert_array_equal(got[what], want[what], err_msg=what)
         else:
             np.testing.assert_array_equal(got[what], want[what][at], err_msg=what)
-    _, hand_out = by_hand(tmp, "hand-2", elastic_ckpt, grown_at, 2, 30, env)
-    assert_bitwise_same(out, hand_out)
+    _, hand_out = by_hand(tmp, "hand-2", elastic_ckpt, grown_at, more, 30, env)
+    assert_bitwise_same(out, hand_out, range(more))
 
 
 def assert_bitwise_same(out, reference, ranks=(0, 1)):

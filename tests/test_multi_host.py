@@ -111,60 +111,82 @@ def test_a_host_that_does_not_answer_is_named_before_any_rank_starts(tmp_path, h
     assert time.monotonic() - started < 60
 
 
+@pytest.fixture
+def three_hosts(tmp_path):
+    h = NetnsHosts(tmp_path / "hosts", linked=3)
+    yield h
+    h.close()
+
+
 def test_an_elastic_job_goes_on_without_a_lost_host_and_grows_back_when_it_returns(tmp_path, hosts):
     """Two hosts, one rank each. Host 1 is killed for good (every process, its link, and the discovery
     script no longer lists it): the failure names rank 1 and host 1, and the job goes on with one
     rank from the last checkpoint, whose tables it restores exactly. Host 1 returns: the job grows
-    back to two ranks at the end of a step, again exactly, and ends bitwise as a user restarting by
-    hand on the same ranks from the same steps."""
+    back to two ranks at the end of a step, again exactly; each stretch is bitwise what a user
+    restarting by hand on those ranks from the same checkpoint gets."""
+    lose_a_host_and_get_it_back(tmp_path, hosts, 2)
+
+
+def test_a_three_host_elastic_job_shrinks_to_two_and_grows_back_to_three(tmp_path, three_hosts):
+    lose_a_host_and_get_it_back(tmp_path, three_hosts, 3)
+
+
+def lose_a_host_and_get_it_back(tmp_path, hosts, n):
+    """n hosts of one slot each; the last one is lost after checkpoint 10 and comes back."""
     from test_elastic import assert_rows_equal, assert_same_training, beat_step, rows_of, started
 
-    a, b = hosts.names[:2]
+    names = hosts.names[:n]
+    lost = names[-1]
     listing = tmp_path / "hosts-now"
-    listing.write_text(f"{a}\n{b}\n")
+    listing.write_text("".join(f"{h}\n" for h in names))
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {listing}\n")
     script.chmod(0o755)
-    extra = ("--host-discovery-script", script, "--min-np", 1, "--max-np", 2, "--blacklist-cooldown-range", 2, 10,
+    extra = ("--host-discovery-script", script, "--min-np", 1, "--max-np", n, "--blacklist-cooldown-range", 2, 10,
              "--hang-timeout", 20, *[f"--mpiexec-arg={x}" for x in hosts.mpiexec_args()])
     args, out, run = job_args(tmp_path, "elastic", extra)
+    args[1] = n  # -np
     ckpt = tmp_path / "elastic-ckpt"
     proc = subprocess.Popen(hosts.inside(0, [RUN, *map(str, args)]), env=run_env(STEP_DELAY_S="0.4"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_checkpoint(ckpt, 10, proc)
         saved_10 = rows_of(ckpt, "model.ckpt-10")
-        listing.write_text(f"{a}\n")
+        listing.write_text("".join(f"{h}\n" for h in names[:-1]))
         lost_at = time.monotonic()
-        hosts.kill(1)
-        hosts.cut(1)
-        wait_for(lambda: beat_step(run, 1) > 10, proc, 120, "training on one rank")
+        hosts.kill(n - 1)
+        hosts.cut(n - 1)
+        wait_for(lambda: beat_step(run, 1) > 10, proc, 120, f"training on {n - 1} rank(s)")
         back_in = time.monotonic() - lost_at
-        wait_for(lambda: sorted(os.listdir(ckpt / "sparse-model.ckpt-10")) == ["rank-0-of-1"], proc, 30,
-                 "the 1-rank save of the step restored")
+        wait_for(lambda: sorted(os.listdir(ckpt / "sparse-model.ckpt-10")) == [f"rank-{r}-of-{n - 1}" for r in
+                                                                               range(n - 1)],
+                 proc, 30, "the smaller set's save of the step restored")
         assert_rows_equal(rows_of(ckpt, "model.ckpt-10"), saved_10)
-        hosts.restore(1)
-        listing.write_text(f"{a}\n{b}\n")
+        hosts.restore(n - 1)
+        listing.write_text("".join(f"{h}\n" for h in names))
         returned_at = time.monotonic()
         wait_for(lambda: (run / "attempt-2" / "command.json").exists(), proc, 120, "the grow")
         grown_at = int(started(run, 2)[2].rsplit("-", 1)[1])
         name = f"model.ckpt-{grown_at}"
         saved_grow = rows_of(ckpt, name)
-        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == ["rank-0-of-1"]
-        wait_for(lambda: beat_step(run, 2) > grown_at, proc, 120, "training on two ranks again")
+        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == [f"rank-{r}-of-{n - 1}" for r in range(n - 1)]
+        wait_for(lambda: beat_step(run, 2) > grown_at, proc, 120, f"training on {n} ranks again")
         full_in = time.monotonic() - returned_at
-        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == ["rank-0-of-2", "rank-1-of-2"]
+        assert sorted(os.listdir(ckpt / f"sparse-{name}")) == [f"rank-{r}-of-{n}" for r in range(n)]
         assert_rows_equal(rows_of(ckpt, name), saved_grow)
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-5000:]
-    assert f"attempt 0 failed: mpiexec exited 0 but rank(s) [0, 1] never finished: host {b} (rank(s) [1]) was lost" \
-        in stderr, stderr[-5000:]
-    assert f"host {b} stays out of new attempts for 2 s" in stderr, stderr[-5000:]
-    assert [started(run, k)[:2] for k in range(3)] == [(2, f"{a}:1,{b}:1"), (1, f"{a}:1"), (2, f"{a}:1,{b}:1")]
+    everyone = list(range(n))
+    assert (f"attempt 0 failed: mpiexec exited 0 but rank(s) {everyone} never finished: host {lost} (rank(s) "
+            f"[{n - 1}]) was lost" in stderr), stderr[-5000:]
+    assert f"host {lost} stays out of new attempts for 2 s" in stderr, stderr[-5000:]
+    full, less = ",".join(f"{h}:1" for h in names), ",".join(f"{h}:1" for h in names[:-1])
+    assert [started(run, k)[:2] for k in range(3)] == [(n, full), (n - 1, less), (n, full)]
     summary = json.loads((run / "summary.json").read_text())
-    lost = summary["attempt_list"][0]["steps_lost"]
-    print(f"ELASTIC-TIMES lost->training {back_in:.1f} s, returned->training on 2 {full_in:.1f} s, steps lost {lost}")
-    assert_same_training(ckpt, tmp_path, 10, grown_at, out)
+    lost_steps = summary["attempt_list"][0]["steps_lost"]
+    print(f"ELASTIC-TIMES {n} hosts: lost->training {back_in:.1f} s, returned->training on {n} {full_in:.1f} s, "
+          f"steps lost {lost_steps}")
+    assert_same_training(ckpt, tmp_path, 10, grown_at, out, ranks=(n - 1, n))
