@@ -5,7 +5,9 @@
 # that checkpoint and continuing from its step; two containers as two hosts (each its own network
 # namespace, mpiexec reaching the second over ssh) whose tables equal the single-host run's (abs 1e-5);
 # docker/compose.yaml run with podman-compose, a worker's rank killed mid-run and the job restarted
-# by the supervisor from its checkpoint, then continued by a second `up`.
+# by the supervisor from its checkpoint, then continued by a second `up`; last its elastic variant
+# (docker/compose.elastic.yaml): worker-2's container stopped, the job goes on with 1 rank on
+# worker-1; started again, the job grows back to 2 ranks and ends at its last step.
 #
 #   sudo bash docker/test-image.sh          (root: podman rootful, network namespaces)
 #
@@ -26,8 +28,9 @@ fail() { log "FAILED: $*"; exit 1; }
 pm() { podman --root "$store/root" --runroot "$store/runroot" --storage-driver overlay "$@"; }
 # Limits podman's defaults exceed on this kind of machine, and runc (crun fails on its mixed cgroups).
 run_flags=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 --shm-size 512m)
+compose_files=(-f "$root/docker/compose.yaml")
 compose() {
-  SHARDREC_IMAGE="$image" "$work/compose-venv/bin/podman-compose" -p "$tag" -f "$root/docker/compose.yaml" \
+  SHARDREC_IMAGE="$image" "$work/compose-venv/bin/podman-compose" -p "$tag" "${compose_files[@]}" \
     --podman-args "--root $store/root --runroot $store/runroot --storage-driver overlay --runtime runc" "$@"
 }
 
@@ -212,3 +215,64 @@ hosts_seen=$(hosts_of "$volume")
 [ "$hosts_seen" = '"host": "worker-1" "host": "worker-2" ' ] || fail "the compose job's ranks ran on: $hosts_seen"
 compose down -v -t 0 > /dev/null 2>&1
 log "compose: ranks on worker-1 and worker-2; restarted by the supervisor from $(grep -a -o -E 'from /checkpoints/model-[0-9]+' "$work/compose1.log" | head -1 | cut -d' ' -f2); a second up continued from step 200"
+
+# 10. The elastic variant: docker/compose.elastic.yaml over compose.yaml, the hosts those whose sshd
+# answers (the image's shardrec-discover-hosts). Once checkpoint 50 is written, worker-2's container
+# is stopped: the job must go on with 1 rank on worker-1 from its last checkpoint. Once that rank has
+# trained past the step it restored, worker-2 is started again: the job must grow back to 2 ranks
+# (the ranks save at the end of a step) and end at its last step, every attempt in summary.json.
+log "compose elastic: worker-2's container stopped after checkpoint 50, then started again"
+compose_files+=(-f "$root/docker/compose.elastic.yaml")
+compose_job "--steps 1000 --save-every 50 --global-batch-size 256 --eval-samples 4096 --log-every 100" elastic
+volume=$(pm volume inspect --format '{{.Mountpoint}}' "${tag}_checkpoints")
+# The step rank 0 of attempt $1 reported last (0 before it has).
+beat_step() {
+  cat "$volume"/runs/*/attempt-"$1"/heartbeat/rank-0.json 2>/dev/null | grep -o '"step": [0-9]*' | grep -o '[0-9]*$' \
+    || echo 0
+}
+# Waits up to $1 s for the condition $2 (a shell expression) while the launcher runs; fails naming $3.
+wait_until() {
+  for _ in $(seq $(( $1 * 2 ))); do
+    eval "$2" && return 0
+    [ "$(pm inspect --format '{{.State.Running}}' "${tag}_launcher_1")" = true ] || break
+    sleep 0.5
+  done
+  eval "$2" || { pm logs "${tag}_launcher_1" 2>&1 | tail -30; fail "compose elastic: no $3"; }
+}
+wait_until 300 '[ -f "$volume/model-50.index" ]' "checkpoint 50"
+pm stop -t 2 "${tag}_worker-2_1" > /dev/null
+stopped_at=$(date +%s)
+log "compose elastic: stopped worker-2's container"
+wait_until 300 '[ -f "$volume"/runs/*/attempt-1/command.json ] && [ "$(beat_step 1)" -gt 50 ]' \
+  "training on worker-1 alone after worker-2 stopped"
+shrunk_in=$(( $(date +%s) - stopped_at ))
+pm start "${tag}_worker-2_1" > /dev/null
+started_at=$(date +%s)
+log "compose elastic: training on 1 rank $shrunk_in s after the stop; started worker-2's container again"
+wait_until 300 '[ -f "$volume"/runs/*/attempt-2/command.json ] && [ "$(beat_step 2)" -gt "$(beat_step 1)" ]' \
+  "growth back to 2 ranks once worker-2 answered again"
+grown_in=$(( $(date +%s) - started_at ))
+compose_wait elastic
+python3 - "$volume" "$work/elastic.log" <<'PY' || { tail -40 "$work/elastic.log"; fail "compose elastic: the job's attempts"; }
+import glob, json, re, sys
+volume, log = sys.argv[1:]
+(summary,) = glob.glob(f"{volume}/runs/*/summary.json")
+attempts = json.load(open(summary))["attempt_list"]
+seen = [(a["np"], a["hosts"], a["reason"]) for a in attempts]
+print("attempts:", seen)
+assert [a["np"] for a in attempts] == [2, 1, 2], seen
+assert attempts[0]["hosts"] == "worker-1:1,worker-2:1" and attempts[0]["host"] == "worker-2", attempts[0]
+assert attempts[1]["hosts"] == "worker-1:1" and attempts[1]["reason"] == "resized", attempts[1]
+restored = int(attempts[1]["resumed_from"].rsplit("-", 1)[1])
+assert attempts[1]["reached_step"] > restored >= 50 and attempts[1]["steps_lost"] == 0, attempts[1]
+assert attempts[2]["resumed_from"].endswith(f"model-{attempts[1]['reached_step']}"), attempts[2]
+assert attempts[2]["hosts"] == "worker-1:1,worker-2:1" and attempts[2]["ok"], attempts[2]
+text = open(log).read()
+# The failure names the host lost; it cools down; the growth is said; the job ends on 2 ranks.
+assert re.search(r"attempt 0 failed: .*worker-2", text), "the failure does not name worker-2"
+assert "host worker-2 stays out of new attempts" in text and "growing from 1 to 2 rank(s)" in text
+assert "SUMMARY rank=0/2 steps=1000" in text
+print("checked", flush=True)
+PY
+compose down -v -t 0 > /dev/null 2>&1
+log "compose elastic: worker-2 stopped -> training on worker-1 alone in $shrunk_in s; started again -> training on 2 ranks in $grown_in s; ended at step 1000"

@@ -13,8 +13,8 @@ complete checkpoint of --checkpoint-dir (the ranks find it through shardrec's re
 or by themselves in Estimator / MonitoredTrainingSession jobs), at most --max-restarts times.
 
 Elastic (with --host-discovery-script, horovodrun's options): the hosts are those the script
-prints now (`host` or `host:slots` per line); each attempt runs as many ranks as fit, from
---min-np to --max-np. A failed host stays out for a cooldown, and the job goes on with the ranks
+prints now (`host` or `host:slots` per line); each attempt runs as many ranks as fit, up to
+--max-np: the first once -np slots are usable, a later one once --min-np are. A failed host stays out for a cooldown, and the job goes on with the ranks
 left from the last checkpoint, resharded; when hosts come back, the ranks save at the end of their
 step and the job goes on with more.
 
@@ -98,7 +98,8 @@ def _parse(argv):
     elastic.add_argument("--slots-per-host", type=int, default=1, help="slots of a host the script lists without "
                                                                        "any (default 1)")
     elastic.add_argument("--elastic-timeout", type=float, default=600.0,
-                         help="seconds to wait for --min-np slots before giving up (default 600)")
+                         help="seconds to wait for -np slots at the start, --min-np after a failure, "
+                              "before giving up (default 600)")
     elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
                          default=[10.0, 300.0], help="seconds a failed host stays out: LOW after its first failure, "
                                                      "doubled for each further one, at most HIGH (default 10 300)")
@@ -168,7 +169,8 @@ def main(argv=None):
                    mpiexec_args=args.mpiexec_args, memory_share=args.memory_share, restart_delay=args.restart_delay)
     if args.host_discovery_script:
         spec.elastic = ElasticSpec(os.path.abspath(args.host_discovery_script), args.min_np, args.max_np,
-                                   args.slots_per_host, args.elastic_timeout, tuple(args.blacklist_cooldown_range))
+                                   start_np=args.np, slots_per_host=args.slots_per_host,
+                                   timeout=args.elastic_timeout, cooldown=tuple(args.blacklist_cooldown_range))
     return Supervisor(spec).run()
 
 

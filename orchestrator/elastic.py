@@ -19,6 +19,7 @@ class ElasticSpec:
     discovery: str               # the host discovery script
     min_np: int
     max_np: int
+    start_np: int = None         # slots to wait for before the first attempt (-np; default min_np)
     slots_per_host: int = 1
     timeout: float = 600.0       # how long to wait for min_np slots before giving up
     cooldown: tuple = (10.0, 300.0)  # seconds a failed host stays out: first failure, most
@@ -83,20 +84,28 @@ class HostWatch:
             hosts = list(self.hosts or [])
         return place(hosts, self.cooldowns.cooling(), self.spec.max_np)
 
-    def wait_for_placement(self, interrupt):
-        """A placement of at least min_np ranks, waiting up to the elastic timeout; None when
-        none came (or SIGINT / SIGTERM)."""
+    def needed(self, first):
+        """(slots, the option that asks for them): horovodrun's rule, -np to start with, --min-np to
+        go on with after a failure."""
+        if first and self.spec.start_np:
+            return self.spec.start_np, f"-np {self.spec.start_np} (to start with)"
+        return self.spec.min_np, f"--min-np {self.spec.min_np}"
+
+    def wait_for_placement(self, interrupt, first=False):
+        """A placement of at least the slots needed (needed(first)), waiting up to the elastic
+        timeout; None when none came (or SIGINT / SIGTERM)."""
+        need, option = self.needed(first)
         deadline = time.monotonic() + self.spec.timeout
         said = False
         while True:
             self.refresh()
             placement = self.placement()
-            if placement.np >= self.spec.min_np:
+            if placement.np >= need:
                 return placement
             if not said:
                 cooling = self.cooldowns.cooling()
-                self.log(f"{placement.np} slot(s) usable ({placement.describe() or 'no host'}), fewer than --min-np "
-                         f"{self.spec.min_np}" + ("; cooling down after failures: " + ", ".join(
+                self.log(f"{placement.np} slot(s) usable ({placement.describe() or 'no host'}), fewer than {option}"
+                         + ("; cooling down after failures: " + ", ".join(
                              f"{h} ({t:.0f} s)" for h, t in sorted(cooling.items())) if cooling else "")
                          + f"; waiting up to {self.spec.timeout:.0f} s (--elastic-timeout)")
                 said = True

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import psutil
 
@@ -105,6 +105,16 @@ class _Interrupt:
             signal.signal(s, handler)
 
 
+@dataclass
+class AttemptEnd:
+    """How an attempt ended, for summary.json's attempt_list."""
+    ok: bool
+    reason: str
+    reached_step: int = None   # the last step its ranks reported
+    steps_lost: int = None     # steps the next attempt trains again (since the checkpoint it resumes)
+    host: str = None           # the host blamed for a failure
+
+
 class Attempt:
     def __init__(self, spec, number, resume_from, interrupt, placement=None, on_tick=None):
         """placement: where the ranks go (an elastic job's hosts.Placement), else spec's -np and
@@ -113,7 +123,7 @@ class Attempt:
         self.placement, self.on_tick = placement, on_tick
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
-        self.ended = {}          # how it ended, for the summary
+        self.ended = None        # an AttemptEnd once it has
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
         os.makedirs(self.heartbeat_dir, exist_ok=True)
@@ -505,14 +515,13 @@ class Supervisor:
                       if self.spec.elastic else None)
         with _Interrupt() as interrupt:
             if self.watch:
-                self.watch.refresh()
-                self.watch.start()
+                self.watch.start()  # wait_for_placement runs the script at once
             try:
                 while True:
                     if self.watch:
-                        before, placement = placement, self.watch.wait_for_placement(interrupt)
+                        before, placement = placement, self.watch.wait_for_placement(interrupt, first=number == 0)
                         if placement is None:
-                            return self._too_few_hosts(started, before, interrupt)
+                            return self._too_few_hosts(started, before, interrupt, first=number == 0)
                         if before is None or placement != before:
                             log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
                     attempt = Attempt(self.spec, number, resume, interrupt, placement,
@@ -520,8 +529,8 @@ class Supervisor:
                     self.attempts.append(attempt)
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)
-                    attempt.ended = {"ok": outcome.ok, "reason": outcome.reason or ("resized" if attempt.stopped_for_resize()
-                                                                                    else "done")}
+                    attempt.ended = AttemptEnd(outcome.ok, outcome.reason or ("resized" if attempt.stopped_for_resize()
+                                                                                   else "done"))
                     where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
                     if outcome.interrupted:
                         log(f"stopped: {outcome.reason}; every rank is stopped{where}")
@@ -532,8 +541,13 @@ class Supervisor:
                     self._steps_lost(attempt, step)
                     if outcome.ok:
                         resizes += 1
-                        log(f"attempt {number} saved and stopped at step {attempt.last_step()} to grow "
-                            f"({attempt.resizing}); resuming from {last} (step {step})")
+                        reached = attempt.last_step()
+                        log(f"attempt {number} " + ("saved and stopped" if reached == step else
+                                                    "stopped without a checkpoint of its last step") +
+                            f" at step {reached} to grow ({attempt.resizing}); "
+                            + (f"resuming from {last} (step {step})" if last else "starting again from step 0 (no "
+                               "complete checkpoint)")
+                            + ("" if reached == step else "; a script that saves when its loop ends loses no step"))
                         resume, number = last, number + 1
                         continue
                     log(f"attempt {number} failed: {outcome.reason}")
@@ -564,8 +578,8 @@ class Supervisor:
     def _steps_lost(self, attempt, resumed_step):
         """Says how many steps the next attempt trains again: those since the checkpoint it resumes from."""
         reached = attempt.last_step()
-        attempt.ended["reached_step"] = reached
-        attempt.ended["steps_lost"] = lost = max(0, reached - (resumed_step or 0)) if reached is not None else None
+        attempt.ended.reached_step = reached
+        attempt.ended.steps_lost = lost = max(0, reached - (resumed_step or 0)) if reached is not None else None
         if lost:
             log(f"{lost} step(s) lost: the ranks had reached step {reached}, the next attempt resumes from step "
                 f"{resumed_step or 0}")
@@ -579,8 +593,8 @@ class Supervisor:
         host = host or outcome.host
         if host is None:
             return
-        again = len(self.attempts) > 1 and self.attempts[-2].ended.get("host") == host
-        self.attempts[-1].ended["host"] = host
+        again = len(self.attempts) > 1 and self.attempts[-2].ended.host == host
+        self.attempts[-1].ended.host = host
         if outcome.host_lost or again:
             seconds = self.watch.cooldowns.failed(host)
             log(f"host {host} stays out of new attempts for {seconds:.0f} s (--blacklist-cooldown-range; "
@@ -598,13 +612,14 @@ class Supervisor:
                 "its current step and stop")
             attempt.request_resize(why)
 
-    def _too_few_hosts(self, started, before, interrupt):
+    def _too_few_hosts(self, started, before, interrupt, first):
         if interrupt.signal is not None:
             log(f"stopped: interrupted by signal {interrupt.signal} while waiting for hosts")
             return 130
         usable = {h.name for h in self.watch.placement().hosts}
         lost = sorted(h.name for h in before.hosts if h.name not in usable) if before else []
-        reason = (f"fewer than --min-np {self.spec.elastic.min_np} slot(s) usable for {self.spec.elastic.timeout:.0f} s "
+        _, option = self.watch.needed(first)
+        reason = (f"fewer than {option} slot(s) usable for {self.spec.elastic.timeout:.0f} s "
                   f"(--elastic-timeout)" + (f"; hosts lost: {', '.join(lost)}" if lost else "")
                   + f"; usable now: {self.watch.placement().describe() or 'none'}")
         log(f"giving up: {reason}")
@@ -644,7 +659,8 @@ class Supervisor:
                    # steps the next one trains again.
                    "attempt_list": [{"attempt": a.number, "np": a.np,
                                      "hosts": a.placement.mpiexec_hosts() if a.placement else self.spec.hosts,
-                                     "resumed_from": a.resume_from} | a.ended for a in self.attempts]}
+                                     "resumed_from": a.resume_from} | (asdict(a.ended) if a.ended else {})
+                                    for a in self.attempts]}
         totals = collections.Counter()
         for beat in last_beats.values():
             totals.update(beat.tables)

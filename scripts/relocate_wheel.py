@@ -35,7 +35,9 @@ def relocate(wheel, venv, patchelf):
     libraries changed, as {path in the wheel: (old RUNPATH, new RUNPATH)}."""
     site = os.path.relpath(sysconfig.get_path("platlib", vars={"base": venv, "platbase": venv}), venv)
     changed = {}
-    with tempfile.TemporaryDirectory(prefix="relocate-") as tmp:
+    # Beside the wheel: the rewritten one replaces it by a rename, which /tmp on another filesystem
+    # (a tmpfs, or a build's cache mount) would refuse.
+    with tempfile.TemporaryDirectory(prefix=".relocate-", dir=os.path.dirname(os.path.abspath(wheel))) as tmp:
         subprocess.run([sys.executable, "-m", "wheel", "unpack", "-d", tmp, wheel], check=True, capture_output=True)
         [unpacked] = os.listdir(tmp)
         top = os.path.join(tmp, unpacked)

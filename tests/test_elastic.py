@@ -209,16 +209,16 @@ def assert_bitwise_same(out, reference, ranks=(0, 1)):
         np.testing.assert_array_equal(got["rows"][order_got], want["rows"][order_want], err_msg=f"rank {rank}")
 
 
-@pytest.mark.parametrize("tables", ["memory", "admission-ssd"])
+@pytest.mark.parametrize("tables", ["memory", "admission-eviction-ssd"])
 def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tables):
     """2 slots, then rank 1 dies at step 12 while discovery says 1 slot: the job goes on with 1 rank
     from checkpoint 10; 2 slots again: the ranks save and stop, and the job ends on 2. Each stretch
     is bitwise what a user gets restarting by hand on those ranks from the same checkpoint; with
-    admission and an SSD tier, admission counts, timestamps and every tier's rows too."""
+    admission, eviction and an SSD tier, admission counts, timestamps and every tier's rows too."""
     env = {}
-    if tables == "admission-ssd":
+    if tables == "admission-eviction-ssd":
         (tmp_path / "ssd").mkdir()
-        env = {"ACCESS_THRESHOLD": "2", "SSD_DIR": str(tmp_path / "ssd")}
+        env = {"ACCESS_THRESHOLD": "2", "EVICT_AFTER": "4", "SSD_DIR": str(tmp_path / "ssd")}
     script, listing = discovery(tmp_path, "localhost:2\n")
     proc, out, run = start_elastic(tmp_path, "elastic", "1:12:kill", elastic_args(script), env=env)
     with stopped_at_the_end(proc):
@@ -253,13 +253,64 @@ def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tabl
         assert {"counts", "last_seen", "pending_keys"} <= set(got) and got["counts"].min() >= 2, sorted(got)
         summary_tiers = summary.get("tiers", {}).get("emb", {})
         assert summary_tiers, summary  # the SSD tier was in use
+        assert summary["admission"]["emb"]["evicted"] > 0, summary  # keys unseen for 4 steps went
+        assert 0 <= got["last_seen"].min() and got["last_seen"].max() < 30, got["last_seen"]  # steps, not wall time
     assert_same_training(tmp_path / "elastic-ckpt", tmp_path, 10, grown_at, out, env)
 
 
-def start_elastic(tmp, name, fault, extra, step_delay="0.4", env=None):
+def test_a_script_that_does_not_save_when_its_loop_ends_grows_from_its_last_checkpoint(tmp_path):
+    """A grow asked of a loop that saves on a schedule only (here: at its start, step 0): the ranks
+    stop as asked, the supervisor names the steps trained again and resumes from that checkpoint on
+    the larger set, and the end equals a user's run on 2 ranks from the same checkpoint."""
+    env = {"NO_FINAL_SAVE": "1", "SAVE_STEPS": "1000"}
+    script, listing = discovery(tmp_path, "localhost:1\n")
+    proc, out, run = start_elastic(tmp_path, "elastic", None, elastic_args(script), env=env, np=1)
+    with stopped_at_the_end(proc):
+        wait_until(proc, lambda: beat_step(run, 0) >= 4)
+        listing.write_text("localhost:2\n")
+        _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-5000:]
+    assert [started(run, k)[:2] for k in range(2)] == [(1, "localhost:1"), (2, "localhost:2")]
+    assert started(run, 1)[2].endswith("model.ckpt-0"), stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    first = summary["attempt_list"][0]
+    assert first["reason"] == "resized" and first["reached_step"] >= 4, first
+    assert first["steps_lost"] == first["reached_step"], first
+    assert (f"{first['steps_lost']} step(s) lost: the ranks had reached step {first['reached_step']}, the next "
+            "attempt resumes from step 0") in stderr, stderr[-4000:]
+    assert (f"attempt 0 stopped without a checkpoint of its last step at step {first['reached_step']} to grow "
+            f"(2 slot(s) usable now: localhost (2)); resuming from ") in stderr, stderr[-4000:]
+    _, hand_out = by_hand(tmp_path, "hand", tmp_path / "elastic-ckpt", 0, 2, 30, env)
+    assert_bitwise_same(out, hand_out, range(2))
+
+
+def test_the_first_attempt_waits_for_np_slots_then_later_ones_for_min_np(tmp_path):
+    """horovodrun's rule: -np slots to start with (-np 2 here, 1 slot listed: no rank starts, and
+    after --elastic-timeout the job fails saying so), --min-np to go on with after a failure."""
+    script, listing = discovery(tmp_path, "localhost:1\n")
+    proc, _, run = start_elastic(tmp_path, "short", None, elastic_args(script, "--elastic-timeout", 3))
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-4000:]
+    assert ("giving up: fewer than -np 2 (to start with) slot(s) usable for 3 s (--elastic-timeout); usable now: "
+            "localhost (1)") in stderr, stderr[-4000:]
+    assert not (run / "attempt-0").exists()
+    # The second slot comes while the job waits: it starts on both.
+    proc, out, run = start_elastic(tmp_path, "waits", None, elastic_args(script), step_delay="0")
+    with stopped_at_the_end(proc):
+        said = "1 slot(s) usable (localhost (1)), fewer than -np 2 (to start with); waiting up to 600 s"
+        wait_until(proc, lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text())
+        assert not (run / "attempt-0").exists()
+        listing.write_text("localhost:2\n")
+        _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-4000:]
+    assert started(run, 0)[:2] == (2, "localhost:2") and not (run / "attempt-1").exists()
+
+
+def start_elastic(tmp, name, fault, extra, step_delay="0.4", env=None, np=2):
     from supervisor_helpers import RUN, job_args, run_env
 
     args, out, run = job_args(tmp, name, extra)
+    args[1] = np
     proc = subprocess.Popen([RUN, *map(str, args)], env=run_env(fault, STEP_DELAY_S=step_delay, **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, out, run

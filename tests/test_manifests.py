@@ -8,8 +8,10 @@ Compose Specification's schema (check-jsonschema's copy). docker/test-image.sh r
 import copy
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 
 import jsonschema
 import kubernetes_validate
@@ -37,7 +39,10 @@ MPIJOB = {
             "runPolicy": {"type": "object", "additionalProperties": False, "properties": {
                 "cleanPodPolicy": {"enum": ["", "All", "Running", "None"]},
                 "ttlSecondsAfterFinished": INT32, "activeDeadlineSeconds": {"type": "integer", "minimum": 0},
-                "backoffLimit": INT32, "schedulingPolicy": {"type": "object"}, "suspend": {"type": "boolean"},
+                "backoffLimit": INT32, "suspend": {"type": "boolean"},
+                "schedulingPolicy": {"type": "object", "additionalProperties": False, "properties": {
+                    "minAvailable": INT32, "queue": STRING, "minResources": {"type": "object"},
+                    "priorityClass": STRING, "scheduleTimeoutSeconds": INT32}},
                 "managedBy": STRING}},
             "mpiReplicaSpecs": {"type": "object", "additionalProperties": False, "required": ["Launcher", "Worker"],
                                 "properties": {"Launcher": REPLICA, "Worker": REPLICA}},
@@ -46,8 +51,8 @@ MPIJOB = {
             "mpiImplementation": {"enum": ["OpenMPI", "Intel", "MPICH"]}}}}}
 
 
-def load_mpijob():
-    with open(os.path.join(DOCKER, "mpijob.yaml")) as f:
+def load_mpijob(name="mpijob.yaml"):
+    with open(os.path.join(DOCKER, name)) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     return {d["kind"]: d for d in docs}
 
@@ -83,8 +88,9 @@ def entrypoint_roles():
     return set(re.findall(r"^  ([a-z-]+)\)$", text, re.M))
 
 
-def test_the_mpijob_manifest_passes_the_schemas():
-    objects = load_mpijob()
+@pytest.mark.parametrize("name", ["mpijob.yaml", "mpijob-elastic.yaml"])
+def test_the_mpijob_manifest_passes_the_schemas(name):
+    objects = load_mpijob(name)
     assert set(objects) == {"MPIJob", "PersistentVolumeClaim"}
     check_mpijob(objects)
 
@@ -107,16 +113,27 @@ def test_the_schemas_catch_a_damaged_mpijob(damage):
         check_mpijob(objects)
 
 
-def test_the_mpijob_runs_the_image_as_built():
-    objects = load_mpijob()
+def mpijob_parts(objects):
+    """(job spec, launcher replica, worker replica, launcher container, worker container, launcher env)."""
     job = objects["MPIJob"]["spec"]
     launcher, worker = job["mpiReplicaSpecs"]["Launcher"], job["mpiReplicaSpecs"]["Worker"]
-    assert launcher["replicas"] == 1
     (lc,), (wc,) = launcher["template"]["spec"]["containers"], worker["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in lc["env"]}
+    return job, launcher, worker, lc, wc, {e["name"]: e["value"] for e in lc["env"]}
+
+
+def test_the_mpijob_runs_the_image_as_built():
+    objects = load_mpijob()
+    job, launcher, worker, lc, wc, env = mpijob_parts(objects)
     # The ranks asked for fill the operator's hostfile exactly: a slot per rank.
     assert int(env["SHARDREC_NP"]) == worker["replicas"] * job["slotsPerWorker"] == 2
     assert lc["args"][0] == "demo" and lc["args"][1:3] == ["--hostfile", "/etc/mpi/hostfile"]
+    assert job["launcherCreationPolicy"] == "WaitForWorkersReady"
+    check_pods_run_the_image(objects)
+
+
+def check_pods_run_the_image(objects):
+    job, launcher, worker, lc, wc, env = mpijob_parts(objects)
+    assert launcher["replicas"] == 1
     assert wc["args"] == ["sshd"] and {"demo", "sshd"} <= entrypoint_roles()
     assert job["mpiImplementation"] == "OpenMPI" and job["runPolicy"]["backoffLimit"] == 0
     assert job["sshAuthMountPath"] == "/home/shardrec/.ssh"
@@ -180,3 +197,135 @@ def test_the_compose_file_runs_the_job_on_two_workers_with_a_shared_checkpoint_v
     assert set(compose["volumes"]) == {"ssh", "checkpoints"} and set(services) == {"launcher", *workers}
     build = launcher["build"]
     assert os.path.isfile(os.path.join(DOCKER, build["context"], build["dockerfile"]))
+
+
+# The elastic variants: their shardrec-run options as the entrypoint's `demo` role passes them,
+# parsed by shardrec-run itself with the image's paths mapped to this checkout.
+IMAGE_PATHS = {"/usr/local/bin/shardrec-discover-hosts": os.path.join(DOCKER, "discover-hosts")}
+
+
+def demo_run_args(args, env, tmp_path):
+    from shardrec.launch import run_cli
+    entrypoint = open(os.path.join(DOCKER, "entrypoint.sh")).read()
+    assert 'exec shardrec-run -np "${SHARDREC_NP:-2}" --checkpoint-dir "$ckpt"' in entrypoint
+    argv = ["-np", env.get("SHARDREC_NP", "2"), "--checkpoint-dir", str(tmp_path),
+            *[IMAGE_PATHS.get(a, a) for a in args], "--", sys.executable, os.path.join(ROOT, "examples", "wide_deep.py")]
+    return run_cli._parse(argv)
+
+
+def check_elastic_job(args, demo_args):
+    """Discovery through the image's script, and a global batch that every size splits evenly."""
+    assert args.host_discovery_script == IMAGE_PATHS["/usr/local/bin/shardrec-discover-hosts"]
+    dockerfile = open(os.path.join(DOCKER, "Dockerfile")).read()
+    assert "COPY docker/discover-hosts /usr/local/bin/shardrec-discover-hosts" in dockerfile
+    assert os.access(args.host_discovery_script, os.X_OK)
+    assert args.min_np < args.max_np and args.checkpoint_dir
+    batch = int(re.search(r"--global-batch-size (\d+)", demo_args).group(1))
+    assert all(batch % n == 0 for n in range(args.min_np, args.max_np + 1)), batch
+
+
+def test_the_elastic_mpijob_grows_and_shrinks_over_the_operators_worker_pods(tmp_path):
+    objects = load_mpijob("mpijob-elastic.yaml")
+    job, launcher, worker, lc, wc, env = mpijob_parts(objects)
+    check_pods_run_the_image(objects)
+    assert lc["args"][0] == "demo"
+    args = demo_run_args(lc["args"][1:], env, tmp_path)
+    check_elastic_job(args, env["SHARDREC_DEMO_ARGS"])
+    # The operator's list of Running pods names no slots: --slots-per-host gives slotsPerWorker.
+    assert env["SHARDREC_DISCOVER_FROM"] == "/etc/mpi/discover_hosts.sh"
+    slots = job["slotsPerWorker"]
+    assert args.slots_per_host == slots and args.max_np == worker["replicas"] * slots
+    # A gang scheduler starts the launcher with the fewest workers the job goes on with.
+    assert job["runPolicy"]["schedulingPolicy"]["minAvailable"] == 1 + -(-args.min_np // slots)
+    assert job["launcherCreationPolicy"] == "AtStartup"  # not held until every worker is ready
+    # One worker alone holds every row at --min-np 1: more memory than the fixed job's worker.
+    *_, fixed_wc, _ = mpijob_parts(load_mpijob())
+    gib = {kind: int(c["resources"]["limits"]["memory"].rstrip("Gi"))
+           for kind, c in (("elastic", wc), ("fixed", fixed_wc))}
+    assert gib["elastic"] > gib["fixed"], gib
+
+
+def test_the_elastic_compose_variant_follows_the_workers_that_answer(tmp_path):
+    path = os.path.join(DOCKER, "compose.elastic.yaml")
+    proc = compose_schema_check(path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    base = load_compose()
+    with open(path) as f:
+        over = yaml.safe_load(f)
+    workers = sorted(name for name in base["services"] if name.startswith("worker-"))
+    # The workers, volumes and image are compose.yaml's; a worker gets more memory (one alone holds
+    # every row at --min-np 1).
+    assert set(over["services"]) == {"launcher", *workers}
+    for name in workers:
+        assert set(over["services"][name]) == {"deploy"}, name
+        limit, base_limit = (s["services"][name]["deploy"]["resources"]["limits"]["memory"] for s in (over, base))
+        assert int(limit.rstrip("g")) > int(base_limit.rstrip("g")), (limit, base_limit)
+    launcher = over["services"]["launcher"]
+    env = {**base["services"]["launcher"]["environment"], **launcher["environment"]}
+    assert sorted(env["SHARDREC_CANDIDATE_HOSTS"].split()) == workers
+    assert launcher["command"][0] == "demo"
+    args = demo_run_args(launcher["command"][1:], env, tmp_path)
+    demo_args = re.fullmatch(r"\$\{SHARDREC_DEMO_ARGS:-(.*)\}", env["SHARDREC_DEMO_ARGS"]).group(1)
+    check_elastic_job(args, demo_args)
+    assert args.max_np == len(workers) * args.slots_per_host
+
+
+def run_discovery(env):
+    return subprocess.run([os.path.join(DOCKER, "discover-hosts")], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SHARDREC_")} | env)
+
+
+@pytest.fixture
+def ssh_like_hosts():
+    """A port on which 127.0.0.1 answers with an SSH banner, 127.0.0.3 with something else,
+    127.0.0.5 accepts and says nothing, and 127.0.0.4 refuses."""
+    listeners, stop = [], threading.Event()
+    first = socket.create_server(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    for address, banner in (("127.0.0.1", b"SSH-2.0-OpenSSH_9.2\r\n"), ("127.0.0.3", b"HTTP/1.0 200 OK\r\n"),
+                            ("127.0.0.5", None)):
+        server = first if address == "127.0.0.1" else socket.create_server((address, port))
+        listeners.append(server)
+        if banner is not None:
+            server.settimeout(0.2)
+
+            def serve(server=server, banner=banner):
+                while not stop.is_set():
+                    try:
+                        conn, _ = server.accept()
+                    except OSError:
+                        continue
+                    with conn:
+                        conn.sendall(banner)
+            threading.Thread(target=serve, daemon=True).start()
+    yield port
+    stop.set()
+    for server in listeners:
+        server.close()
+
+
+def test_the_discovery_script_prints_the_candidates_whose_ssh_server_answers(ssh_like_hosts, tmp_path):
+    from shardrec.orchestrator.hosts import Host, parse_hosts
+    port = str(ssh_like_hosts)
+    proc = run_discovery({"SHARDREC_SSH_PORT": port,
+                          "SHARDREC_CANDIDATE_HOSTS": "localhost:2,127.0.0.3 127.0.0.4 127.0.0.5 no-such-host.invalid"})
+    assert proc.returncode == 0 and proc.stdout == "localhost:2\n", proc
+    assert parse_hosts(proc.stdout, 1, "discovery") == [Host("localhost", 2)]
+    # Another discovery script's list (the MPI Operator's: `echo <pod>` per Running pod), filtered.
+    operator = tmp_path / "discover_hosts.sh"
+    operator.write_text("#!/bin/sh\necho 127.0.0.4\necho localhost\n")
+    operator.chmod(0o555)
+    proc = run_discovery({"SHARDREC_SSH_PORT": port, "SHARDREC_DISCOVER_FROM": str(operator),
+                          "SHARDREC_CANDIDATE_HOSTS": "127.0.0.3"})  # the wrapped script wins
+    assert proc.returncode == 0 and proc.stdout == "localhost\n", proc
+
+
+def test_the_discovery_script_fails_naming_what_is_missing(tmp_path):
+    proc = run_discovery({})
+    assert proc.returncode == 1 and proc.stdout == "" and "SHARDREC_CANDIDATE_HOSTS" in proc.stderr, proc
+    broken = tmp_path / "discover_hosts.sh"
+    broken.write_text("#!/bin/sh\necho oops >&2\nexit 3\n")
+    broken.chmod(0o555)
+    proc = run_discovery({"SHARDREC_DISCOVER_FROM": str(broken)})
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert f"{broken} exited 3: oops" in proc.stderr, proc.stderr

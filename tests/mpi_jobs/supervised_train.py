@@ -9,8 +9,11 @@ FAULT="<rank>:<step>:<kill|stop|raise>" makes that rank, in the first attempt on
 SIGSTOP itself or raise, once the given step is done (tests only); STOP_AT ends the training (and
 saves) at that step instead of TOTAL_STEPS. STEP_DELAY_S slows every step
 down, for tests that act on the job from outside while it runs. ACCESS_THRESHOLD sets the feature's
-access_threshold (default -1: no admission); SSD_DIR gives the table an SSD tier there, below a
-memory budget of 128 rows a rank.
+access_threshold (default -1: no admission); EVICT_AFTER=T gives it eviction_threshold T over a
+timestamp column (the step of each sample) with EvictHook every 3 steps; SSD_DIR gives the table
+an SSD tier there, below a memory budget of 128 rows a rank. SAVE_STEPS (default 5) is how often
+it saves; NO_FINAL_SAVE=1 makes it a loop that does not save when it ends (its checkpoint hook
+saves at the start and every SAVE_STEPS steps only).
 """
 import os
 import signal
@@ -21,6 +24,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from mx_rec.core.feature_process import EvictHook
 from mx_rec.optimizers import lazy_adam
 from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                                    get_rank_id, get_rank_size, init, report, sparse_lookup, start_asc_pipeline)
@@ -50,6 +54,11 @@ def fault(rank, step):
     raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
 
+class SavesOnlyOnSchedule(tf.compat.v1.train.CheckpointSaverHook):
+    def end(self, session):
+        pass
+
+
 def main(checkpoint_dir, out_dir):
     tf.compat.v1.disable_eager_execution()
     init()
@@ -59,9 +68,18 @@ def main(checkpoint_dir, out_dir):
     ids, y = global_batches()
     local = GLOBAL_BATCH // size
     mine = slice(rank * local, (rank + 1) * local)
-    dataset = tf.data.Dataset.from_tensor_slices({"ids": ids[start:, mine], "y": y[start:, mine]})
-    spec = FeatureSpec("ids", table_name="emb", access_threshold=int(os.environ.get("ACCESS_THRESHOLD", "-1")))
-    dataset = dataset.map(get_asc_insert_func([spec], is_training=True)).prefetch(2)
+    columns = {"ids": ids[start:, mine], "y": y[start:, mine]}
+    evict_after = os.environ.get("EVICT_AFTER")
+    spec = FeatureSpec("ids", table_name="emb", access_threshold=int(os.environ.get("ACCESS_THRESHOLD", "-1")),
+                       eviction_threshold=int(evict_after) if evict_after else None)
+    specs, hooks = [spec], [tf.compat.v1.train.StopAtStepHook(last_step=int(os.environ.get("STOP_AT", TOTAL_STEPS)))]
+    if evict_after:
+        # A sample's time is its step: eviction then depends on the data alone, whichever ranks run it.
+        columns["ts"] = np.broadcast_to(np.arange(TOTAL_STEPS, dtype=np.int64)[:, None], y.shape)[start:, mine]
+        specs.append(FeatureSpec("ts", is_timestamp=True))
+        hooks.append(EvictHook(evict_step_interval=3, evict_time_interval=None))
+    dataset = tf.data.Dataset.from_tensor_slices(columns)
+    dataset = dataset.map(get_asc_insert_func(specs, is_training=True)).prefetch(2)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     tiers = dict(device_vocabulary_size=1000)
     if os.environ.get("SSD_DIR"):
@@ -80,11 +98,15 @@ def main(checkpoint_dir, out_dir):
     start_asc_pipeline()
     with tf.control_dependencies([train_op]):
         after = {"w": w.read_value(), "rows": table.variable.read_value()}  # the state this step leaves
+    save_steps = int(os.environ.get("SAVE_STEPS", "5"))
+    if os.environ.get("NO_FINAL_SAVE") == "1":
+        hooks.append(SavesOnlyOnSchedule(checkpoint_dir, save_steps=save_steps))
+        save_steps = None  # no default hook
     # Every rank is a chief: each writes its table shard at the same steps (rank 0 the dense part).
     with tf.compat.v1.train.MonitoredTrainingSession(
-            checkpoint_dir=checkpoint_dir, is_chief=True, save_checkpoint_steps=5,
+            checkpoint_dir=checkpoint_dir, is_chief=True, save_checkpoint_steps=save_steps,
             save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None,
-            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=int(os.environ.get("STOP_AT", TOTAL_STEPS)))]) as sess:
+            hooks=hooks) as sess:
         state, done = None, start
         while not sess.should_stop():
             value, state = sess.run([loss, after])
