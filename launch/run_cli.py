@@ -14,12 +14,12 @@ or by themselves in Estimator / MonitoredTrainingSession jobs), at most --max-re
 
 Elastic (with --host-discovery-script, horovodrun's options): the hosts are those the script
 prints now (`host` or `host:slots` per line); each attempt runs as many ranks as fit, up to
---max-np: the first once -np slots are usable, a later one once --min-np are. A failed host stays out for a cooldown, and the job goes on with the ranks
-left from the last checkpoint, resharded; when hosts come back, the ranks save at the end of their
-step and the job goes on with more.
+--max-np: the first once -np slots are usable, a later one once --min-np are. A failed host stays
+out for a cooldown, and the job goes on with the ranks left from the last checkpoint, resharded;
+when hosts come back, the ranks save at the end of their step and the job goes on with more.
 
-Exit status: 0 done, 1 failed after the allowed restarts (or fewer than --min-np slots for
---elastic-timeout seconds), 2 bad arguments, 130 interrupted.
+Exit status: 0 done, 1 failed after the allowed restarts (or fewer than -np slots at the start,
+--min-np later, for --elastic-timeout seconds), 2 bad arguments, 130 interrupted.
 """
 import argparse
 import os

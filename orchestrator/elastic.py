@@ -21,7 +21,7 @@ class ElasticSpec:
     max_np: int
     start_np: int = None         # slots to wait for before the first attempt (-np; default min_np)
     slots_per_host: int = 1
-    timeout: float = 600.0       # how long to wait for min_np slots before giving up
+    timeout: float = 600.0       # how long to wait for start_np / min_np slots before giving up
     cooldown: tuple = (10.0, 300.0)  # seconds a failed host stays out: first failure, most
     poll_every: float = 1.0      # seconds between discoveries while an attempt runs (horovodrun's)
 
