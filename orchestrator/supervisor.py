@@ -499,6 +499,21 @@ def latest_checkpoint(directory):
     return complete[-1].dense_prefix, complete[-1].step
 
 
+def _why_none(directory):
+    """Why the checkpoints of `directory` are not complete (the newest's problems), when it has any."""
+    try:
+        found = checkpoints.find_checkpoints(directory) if os.path.isdir(directory) else []
+    except OSError as e:  # a rank of the ended attempt still removing an old save, say
+        return f"; reading it failed: {e}"
+    if not found:
+        return ""
+    if any(c.ok for c in found):  # complete a moment after the first look: something still wrote there
+        return f"; a second look finds {next(c.name for c in reversed(found) if c.ok)} complete"
+    newest = found[-1]
+    problems = newest.problems + [p for shard in newest.shards.values() for p in shard.problems]
+    return f"; {len(found)} incomplete, the newest {newest.name}: " + "; ".join(problems)[:500]
+
+
 class Supervisor:
     def __init__(self, spec):
         self.spec = spec
@@ -566,7 +581,8 @@ class Supervisor:
                     log(f"restarting the job in {delay:.0f} s (attempt {number + 1} of "
                         f"{self.spec.max_restarts + 1 + resizes}) from "
                         + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
-                           + (f" in {self.spec.checkpoint_dir})" if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
+                           + (f" in {self.spec.checkpoint_dir}{_why_none(self.spec.checkpoint_dir)})"
+                              if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
                     if not self._wait(delay, interrupt):
                         log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
                         return 130
