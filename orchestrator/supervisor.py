@@ -121,6 +121,7 @@ class Attempt:
         hosts; on_tick(attempt): called on every turn of the watch loop (an elastic job's growth)."""
         self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
         self.placement, self.on_tick = placement, on_tick
+        self.usable_hosts = None  # an elastic job's: the host names its discovery lists now
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
         self.ended = None        # an AttemptEnd once it has
@@ -383,9 +384,13 @@ class Attempt:
                 return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host {lost} (rank(s) "
                                       f"{lost_ranks}) was lost: mpiexec lost its daemon there",
                                rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True)
-            # The host that fell silent first is the one lost; the others' ranks were killed after.
+            # The host that fell silent first is the one lost; the others' ranks were killed after. Beats
+            # come at most twice a second, so silences within one tick are a tie: an elastic job's ranks
+            # on a host its discovery no longer lists are the suspects first.
             now = time.monotonic()
-            first = max(unfinished, key=lambda r: now - self.heard[r])
+            usable = self.usable_hosts() if self.usable_hosts else None
+            gone = [r for r in unfinished if usable is not None and beats[r].host not in usable]
+            first = max(gone or unfinished, key=lambda r: now - self.heard[r])
             return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
                                   f"{beats[first].host or '?'} (rank {first}) fell silent first, "
                                   f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
@@ -541,6 +546,8 @@ class Supervisor:
                             log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
                     attempt = Attempt(self.spec, number, resume, interrupt, placement,
                                       self._maybe_grow if self.watch else None)
+                    if self.watch:
+                        attempt.usable_hosts = lambda: {h.name for h in (self.watch.hosts or [])}
                     self.attempts.append(attempt)
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)
