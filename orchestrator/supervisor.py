@@ -46,9 +46,20 @@ _FAILED_RANK = (re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited 
                 re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"),
                 re.compile(r"Process name: \[[^\]]*,(\d+)\]"))
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
-_REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)")
+# PRRTE names a lost host in one of two messages, whichever it meets first: the daemon's launcher
+# exiting ("A daemon failed to report back ... Remote host: b") or its TCP link breaking
+# ("PRTE has lost communication with a remote daemon ... Remote daemon: [...] on node b").
+_REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)|Remote daemon:\s+\S+ on node (\S+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
+
+
+def lost_daemon_host(launcher_output):
+    """The host whose Open MPI daemon mpiexec says it lost or could not start, if it says so."""
+    found = _REMOTE_HOST.search(launcher_output)
+    return (found.group(1) or found.group(2)) if found else None
+
+
 MAX_RESTART_DELAY_S = 300.0
 FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
 
@@ -371,10 +382,10 @@ class Attempt:
         beats = dict(self.beats)
         unfinished = [r for r, b in sorted(beats.items()) if not b.exiting]
         launcher = "\n".join(self.tails["mpiexec"])
-        daemon = _REMOTE_HOST.search(launcher)
+        daemon = lost_daemon_host(launcher)
         # A host whose Open MPI daemon mpiexec lost, with ranks on it: that host, and every rank
         # there, is lost (more certain than which rank fell silent first, which a tick can blur).
-        lost = daemon.group(1) if daemon and any(b.host == daemon.group(1) for b in beats.values()) else None
+        lost = daemon if daemon and any(b.host == daemon for b in beats.values()) else None
         lost_ranks = sorted(r for r, b in beats.items() if b.host == lost) if lost else []
         if code == 0:
             if not unfinished:
@@ -386,7 +397,7 @@ class Attempt:
                                rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True)
             # The host that fell silent first is the one lost; the others' ranks were killed after. Beats
             # come at most twice a second, so silences within one tick are a tie: an elastic job's ranks
-            # on a host its discovery no longer lists are the suspects first.
+            # on a host its discovery (run again now) no longer lists are the suspects first.
             now = time.monotonic()
             usable = self.usable_hosts() if self.usable_hosts else None
             gone = [r for r in unfinished if usable is not None and beats[r].host not in usable]
@@ -396,7 +407,7 @@ class Attempt:
                                   f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
                            rank=first, exit_code=0, host=beats[first].host, host_lost=True)
         if daemon and not beats:
-            return Outcome(False, f"mpiexec could not start its daemon on host {daemon.group(1)}, or that host did not "
+            return Outcome(False, f"mpiexec could not start its daemon on host {daemon}, or that host did not "
                                   f"answer (mpiexec exited {code}); check that the host is up, reachable from here and "
                                   f"has this installation at the same path", exit_code=code)
         if lost:
@@ -547,7 +558,7 @@ class Supervisor:
                     attempt = Attempt(self.spec, number, resume, interrupt, placement,
                                       self._maybe_grow if self.watch else None)
                     if self.watch:
-                        attempt.usable_hosts = lambda: {h.name for h in (self.watch.hosts or [])}
+                        attempt.usable_hosts = lambda: {h.name for h in (self.watch.refresh() or [])}
                     self.attempts.append(attempt)
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)

@@ -219,3 +219,32 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
     attempt.heard[2] = now + 5  # rank 2 fell silent: counted at the hang timeout, grace or not
     why, rank, _ = attempt._hung(now + 16)
     assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")
+
+
+# Both as Open MPI 5.0's mpiexec printed them in this project's two-host tests: which one comes
+# depends on whether PRRTE first sees the daemon's ssh exit or its TCP link break.
+_DAEMON_NEVER_REPORTED = """A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to prterun:
+
+  Local host:    sr6523a
+  Remote host:   sr6523b
+  Daemon exit status: 0
+"""
+_DAEMON_LOST = """PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-sr4381a-4407@0,0] on node sr4381a
+  Remote daemon: [prterun-sr4381a-4407@0,1] on node sr4381b
+
+This is usually due to either a failure of the TCP network
+"""
+
+
+@pytest.mark.parametrize("text, host", [(_DAEMON_NEVER_REPORTED, "sr6523b"), (_DAEMON_LOST, "sr4381b"),
+                                        ("rank 1 exited on signal 9 (Killed)", None)])
+def test_the_host_mpiexec_lost_is_read_from_either_of_its_messages(text, host):
+    from shardrec.orchestrator.supervisor import lost_daemon_host
+    assert lost_daemon_host("[rank 0/2] step 10\n" + text) == host
