@@ -238,8 +238,10 @@ wait_until() {
     sleep 0.5
   done
   # The supervisor's own lines first (every attempt, how it ended, where it restarted from).
+  # The runs directory (each attempt's rank logs and heartbeats) is copied, for KEEP=1 to keep.
   eval "$2" || { pm logs "${tag}_launcher_1" > "$work/elastic.log" 2>&1; grep -a "^\[shardrec-run" "$work/elastic.log" \
-    | tail -40; tail -30 "$work/elastic.log"; fail "compose elastic: no $3"; }
+    | tail -40; tail -30 "$work/elastic.log"; cp -r "$volume/runs" "$work/runs" 2>/dev/null
+    fail "compose elastic: no $3"; }
 }
 # A checkpoint is complete once its meta graph is there, the last file the Saver writes (after the
 # index): a worker stopped between the two leaves step 50 incomplete, and the job rightly starts

@@ -127,12 +127,12 @@ class AttemptEnd:
 
 
 class Attempt:
-    def __init__(self, spec, number, resume_from, interrupt, placement=None, on_tick=None):
+    def __init__(self, spec, number, resume_from, interrupt, placement=None, on_tick=None, usable_hosts=None):
         """placement: where the ranks go (an elastic job's hosts.Placement), else spec's -np and
-        hosts; on_tick(attempt): called on every turn of the watch loop (an elastic job's growth)."""
+        hosts; on_tick(attempt): called on every turn of the watch loop (an elastic job's growth);
+        usable_hosts(): the host names an elastic job's discovery lists now."""
         self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
-        self.placement, self.on_tick = placement, on_tick
-        self.usable_hosts = None  # an elastic job's: the host names its discovery lists now
+        self.placement, self.on_tick, self.usable_hosts = placement, on_tick, usable_hosts
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
         self.ended = None        # an AttemptEnd once it has
@@ -556,9 +556,7 @@ class Supervisor:
                         if before is None or placement != before:
                             log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
                     attempt = Attempt(self.spec, number, resume, interrupt, placement,
-                                      self._maybe_grow if self.watch else None)
-                    if self.watch:
-                        attempt.usable_hosts = lambda: {h.name for h in (self.watch.refresh() or [])}
+                                      *((self._maybe_grow, self._listed_hosts) if self.watch else ()))
                     self.attempts.append(attempt)
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)
@@ -633,6 +631,9 @@ class Supervisor:
             seconds = self.watch.cooldowns.failed(host)
             log(f"host {host} stays out of new attempts for {seconds:.0f} s (--blacklist-cooldown-range; "
                 f"{self.watch.cooldowns.failures[host]} failure(s))")
+
+    def _listed_hosts(self):
+        return {h.name for h in (self.watch.refresh() or [])}
 
     def _maybe_grow(self, attempt):
         """While an elastic attempt runs: when more slots are usable (up to --max-np), asks its ranks

@@ -6,6 +6,7 @@ JSON schemas, strict: unknown fields fail), the MPIJob's own fields with a schem
 MPI Operator's v2beta1 types (pkg/apis/kubeflow/v2beta1/types.go), and the compose file with the
 Compose Specification's schema (check-jsonschema's copy). docker/test-image.sh runs the image."""
 import copy
+import json
 import os
 import re
 import socket
@@ -329,3 +330,50 @@ def test_the_discovery_script_fails_naming_what_is_missing(tmp_path):
     proc = run_discovery({"SHARDREC_DISCOVER_FROM": str(broken)})
     assert proc.returncode == 1 and proc.stdout == "", proc
     assert f"{broken} exited 3: oops" in proc.stderr, proc.stderr
+
+
+_SLOW_LOOKUP = r'''
+import json, os, socket, subprocess, sys, threading, time
+dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dns.bind(("127.0.0.1", 53))  # takes every query and answers none
+ssh = socket.create_server(("127.0.0.1", 0))
+def serve():
+    while True:
+        conn, _ = ssh.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+started = time.monotonic()
+try:
+    socket.getaddrinfo("worker-2.stopped.example", 22)
+except OSError:
+    pass
+lookup_s = time.monotonic() - started
+started = time.monotonic()
+proc = subprocess.run([sys.argv[1]], capture_output=True, text=True, timeout=60, env={
+    "PATH": os.environ["PATH"], "SHARDREC_SSH_PORT": str(ssh.getsockname()[1]),
+    "SHARDREC_CANDIDATE_HOSTS": "worker-2.stopped.example localhost"})
+print(json.dumps({"lookup_s": lookup_s, "discovery_s": time.monotonic() - started, "code": proc.returncode,
+                  "stdout": proc.stdout, "stderr": proc.stderr}))
+'''
+
+
+def test_the_discovery_script_answers_in_time_when_a_stopped_host_s_name_lookup_hangs(tmp_path):
+    """A stopped container's name could take the resolver's full timeout and retries to fail, longer
+    than the supervisor waits for the script (docker/test-image.sh's elastic step met it: the
+    supervisor kept the stopped worker and started an attempt there). Here a resolver that answers
+    nothing (in a network namespace of the test's own): the lookup alone takes 8 s, and the script
+    still prints the host that answers within its 4 s deadline."""
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\noptions timeout:4 attempts:2\n")
+    helper = tmp_path / "slow_lookup.py"
+    helper.write_text(_SLOW_LOOKUP)
+    unshare = ["unshare", "--net", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    proc = subprocess.run([*unshare, "sh", "-c", f"ip link set lo up && mount --bind '{resolv}' /etc/resolv.conf && "
+                           f"exec '{sys.executable}' '{helper}' '{os.path.join(DOCKER, 'discover-hosts')}'"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["lookup_s"] >= 7.0, got  # the hang this test is about happened
+    assert got["code"] == 0 and got["stdout"] == "localhost\n", got
+    assert got["discovery_s"] < 6.0, got
