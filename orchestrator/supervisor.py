@@ -52,16 +52,14 @@ _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
 _REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)|Remote daemon:\s+\S+ on node (\S+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
+MAX_RESTART_DELAY_S = 300.0
+FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
 
 
 def lost_daemon_host(launcher_output):
     """The host whose Open MPI daemon mpiexec says it lost or could not start, if it says so."""
     found = _REMOTE_HOST.search(launcher_output)
     return (found.group(1) or found.group(2)) if found else None
-
-
-MAX_RESTART_DELAY_S = 300.0
-FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
 
 
 @dataclass
