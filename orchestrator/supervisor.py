@@ -521,8 +521,9 @@ def _why_none(directory):
         return f"; reading it failed: {e}"
     if not found:
         return ""
-    if any(c.ok for c in found):  # complete a moment after the first look: something still wrote there
-        return f"; a second look finds {next(c.name for c in reversed(found) if c.ok)} complete"
+    complete = [c.name for c in found if c.ok]
+    if complete:  # complete a moment after the first look: something still wrote there
+        return f"; a second look finds {complete[-1]} complete"
     newest = found[-1]
     problems = newest.problems + [p for shard in newest.shards.values() for p in shard.problems]
     return f"; {len(found)} incomplete, the newest {newest.name}: " + "; ".join(problems)[:500]

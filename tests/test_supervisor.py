@@ -248,3 +248,47 @@ This is usually due to either a failure of the TCP network
 def test_the_host_mpiexec_lost_is_read_from_either_of_its_messages(text, host):
     from shardrec.orchestrator.supervisor import lost_daemon_host
     assert lost_daemon_host("[rank 0/2] step 10\n" + text) == host
+
+
+def test_an_elastic_job_blames_the_host_its_discovery_no_longer_lists_when_silences_tie(tmp_path):
+    """mpiexec exited 0 naming no host: the rank silent longest is blamed, but silences within a
+    heartbeat tick are a tie, so an elastic job blames first the ranks on a host that discovery no
+    longer lists, even when the surviving host's rank was silent a little longer."""
+    import time
+
+    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+
+    def ended(usable_hosts):
+        attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
+                          usable_hosts=usable_hosts)
+        now = time.monotonic()
+        attempt.beats = {0: Heartbeat(rank=0, size=2, host="host-a"), 1: Heartbeat(rank=1, size=2, host="host-b")}
+        attempt.heard = {0: now - 1.2, 1: now - 0.9}
+        return attempt._ended(0)
+
+    without = ended(None)
+    assert (without.rank, without.host, without.host_lost) == (0, "host-a", True), without
+    listed = ended(lambda: {"host-a"})
+    assert (listed.rank, listed.host, listed.host_lost) == (1, "host-b", True), listed
+    assert "host host-b (rank 1) fell silent first" in listed.reason, listed.reason
+
+
+def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_complete(reference_run, tmp_path):
+    """_why_none, the reason a restart line gives for going back to step 0: nothing for no
+    checkpoint; the newest one's problems when none is complete; when one is complete by the time
+    it looks again (a rank still wrote there), that one."""
+    import shutil
+
+    from shardrec.orchestrator.supervisor import _why_none
+
+    assert _why_none(str(tmp_path / "absent")) == ""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference_run[1].parent / "ref-ckpt", ckpt)
+    newest = max((p for p in os.listdir(ckpt) if p.startswith("sparse-")), key=lambda p: int(p.rsplit("-", 1)[1]))
+    assert _why_none(str(ckpt)) == f"; a second look finds {newest[len('sparse-'):]} complete"
+    for meta in ckpt.glob("*.meta"):
+        meta.unlink()
+    why = _why_none(str(ckpt))
+    count = sum(1 for p in os.listdir(ckpt) if p.startswith("sparse-"))
+    assert why.startswith(f"; {count} incomplete, the newest {newest[len('sparse-'):]}: "), why
+    assert f"{newest[len('sparse-'):]}.meta: missing" in why, why
