@@ -23,7 +23,6 @@ Never imports TensorFlow: it starts at once and outlives any rank.
 import collections
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -37,29 +36,13 @@ import psutil
 
 from . import checkpoints
 from .elastic import ElasticSpec, HostWatch
+from .failure_cause import TAGGED, Evidence, judge, lost_daemon_host, silent_host
 from shardrec.rank_runtime import heartbeat_format as beats
 from shardrec.rank_runtime.heartbeat_format import Heartbeat
 
-_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
-# How Open MPI 5 and shardrec's exit hooks name the rank that failed, most specific first.
-_FAILED_RANK = (re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal"),
-                re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"),
-                re.compile(r"Process name: \[[^\]]*,(\d+)\]"))
-_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
-# PRRTE names a lost host in one of two messages, whichever it meets first: the daemon's launcher
-# exiting ("A daemon failed to report back ... Remote host: b") or its TCP link breaking
-# ("PRTE has lost communication with a remote daemon ... Remote daemon: [...] on node b").
-_REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)|Remote daemon:\s+\S+ on node (\S+)")
-_SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
 TAIL_LINES = 60
 MAX_RESTART_DELAY_S = 300.0
 FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
-
-
-def lost_daemon_host(launcher_output):
-    """The host whose Open MPI daemon mpiexec says it lost or could not start, if it says so."""
-    found = _REMOTE_HOST.search(launcher_output)
-    return (found.group(1) or found.group(2)) if found else None
 
 
 @dataclass
@@ -90,6 +73,7 @@ class Outcome:
     interrupted: bool = False
     host: str = None          # the failed rank's host, or the host lost
     host_lost: bool = False   # the whole host went (silent, or its Open MPI daemon lost)
+    ranks: list = None        # every rank blamed (a lost host's ranks); else [rank] or None
 
 
 def log(text):
@@ -122,6 +106,8 @@ class AttemptEnd:
     reached_step: int = None   # the last step its ranks reported
     steps_lost: int = None     # steps the next attempt trains again (since the checkpoint it resumes)
     host: str = None           # the host blamed for a failure
+    host_lost: bool = False    # the whole host was lost, with every rank there
+    ranks: list = None         # the ranks blamed for a failure
 
 
 class Attempt:
@@ -203,7 +189,7 @@ class Attempt:
         other = open(os.path.join(self.dir, "mpiexec.log"), "w")
         try:
             for line in self.proc.stdout:
-                m = _TAGGED.match(line.rstrip("\n"))
+                m = TAGGED.match(line.rstrip("\n"))
                 if m is None:
                     other.write(line)
                     other.flush()
@@ -265,7 +251,7 @@ class Attempt:
             return None, None, None
         quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])
         if quiet:
-            lost = self._lost_host(quiet, hosts)
+            lost = silent_host(quiet, hosts)
             if lost:
                 ranks = [r for r in quiet if hosts.get(r) == lost]
                 return (f"host {lost} lost: no heartbeat from its rank(s) {ranks} for {silent[ranks[0]]:.0f} s "
@@ -280,17 +266,6 @@ class Attempt:
                     f"{sorted(done)} had exited{self._process_state(rank)}"), rank, None
         return (f"rank {rank} made no progress for {stalled[rank]:.0f} s (hang timeout {limit:.0f} s)"
                 f"{self._process_state(rank)}"), rank, None
-
-    @staticmethod
-    def _lost_host(quiet, hosts):
-        """The host whose every rank is quiet while some other host's rank is not, if there is one."""
-        by_host = collections.defaultdict(set)
-        for r, h in hosts.items():
-            by_host[h].add(r)
-        if len(by_host) < 2:
-            return None
-        lost = [h for h, ranks in by_host.items() if ranks <= set(quiet)]
-        return lost[0] if len(lost) == 1 else None
 
     def _check_memory(self):
         for rank, beat in list(self.beats.items()):
@@ -392,7 +367,7 @@ class Attempt:
             if lost:
                 return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host {lost} (rank(s) "
                                       f"{lost_ranks}) was lost: mpiexec lost its daemon there",
-                               rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True)
+                               rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True, ranks=lost_ranks)
             # The host that fell silent first is the one lost; the others' ranks were killed after. Beats
             # come at most twice a second, so silences within one tick are a tie: an elastic job's ranks
             # on a host its discovery (run again now) no longer lists are the suspects first.
@@ -403,24 +378,15 @@ class Attempt:
             return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
                                   f"{beats[first].host or '?'} (rank {first}) fell silent first, "
                                   f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
-                           rank=first, exit_code=0, host=beats[first].host, host_lost=True)
-        if daemon and not beats:
-            return Outcome(False, f"mpiexec could not start its daemon on host {daemon}, or that host did not "
-                                  f"answer (mpiexec exited {code}); check that the host is up, reachable from here and "
-                                  f"has this installation at the same path", exit_code=code)
-        if lost:
-            return Outcome(False, f"host {lost} lost: mpiexec lost its daemon there, with rank(s) {lost_ranks} (mpiexec "
-                                  f"exited {code})", rank=lost_ranks[0], exit_code=code, host=lost, host_lost=True)
-        text = launcher + "\n" + "\n".join(line for r in range(self.np) for line in self.tails[r])
-        rank = next((int(m.group(1)) for pattern in _FAILED_RANK for m in [pattern.search(text)] if m), None)
-        status, killed = _EXIT_CODE.search(text), _SIGNAL.search(text)
-        what = f"rank {rank}" if rank is not None else "a rank"
-        if rank is not None and self.host_of(rank):
-            what += f" on host {self.host_of(rank)}"
-        detail = (f" (killed by signal {killed.group(1)})" if killed
-                  else f" (status {status.group(1) or status.group(2)})" if status else "")
-        return Outcome(False, f"{what} failed{detail}; mpiexec exited {code}", rank=rank, exit_code=code,
-                       host=self.host_of(rank) if rank is not None else None)
+                           rank=first, exit_code=0, host=beats[first].host, host_lost=True, ranks=[first])
+        now = time.monotonic()
+        cause = judge(Evidence(
+            code, launcher, {r: "\n".join(self.tails[r]) for r in range(self.np)}, {r: b.host for r, b in beats.items()},
+            unfinished, quiet=sorted((r for r in unfinished if now - self.heard[r] > 3 * self.tick),
+                                     key=lambda r: self.heard[r]),
+            listed=self.usable_hosts() if self.usable_hosts else None))
+        return Outcome(False, cause.reason, rank=cause.rank, exit_code=code, host=cause.host, host_lost=cause.host_lost,
+                       ranks=cause.ranks)
 
     def _progress_line(self, tty):
         beat = self.beats.get(0)
@@ -560,7 +526,8 @@ class Supervisor:
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)
                     attempt.ended = AttemptEnd(outcome.ok, outcome.reason or ("resized" if attempt.stopped_for_resize()
-                                                                                   else "done"))
+                                                                                   else "done"),
+                                               host=outcome.host, host_lost=outcome.host_lost, ranks=outcome.ranks)
                     where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
                     if outcome.interrupted:
                         log(f"stopped: {outcome.reason}; every rank is stopped{where}")
@@ -685,6 +652,7 @@ class Supervisor:
         last_beats = self.attempts[-1].beats if self.attempts else {}
         summary = {"ok": outcome.ok, "attempts": len(self.attempts), "restarts": max(0, len(self.attempts) - 1),
                    "seconds": round(time.monotonic() - started, 1), "reason": outcome.reason,
+                   "failed_ranks": outcome.ranks, "lost_host": outcome.host if outcome.host_lost else None,
                    "ranks": {r: {"step": b.step, "train_batches": b.train_batches, "loss": b.loss,
                                  "samples_per_s": b.samples_per_s, "tables": b.tables or None}
                              | {"peak_rss": max(a.peak_rss.get(r, 0) for a in self.attempts)}

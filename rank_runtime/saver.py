@@ -66,6 +66,24 @@ log = get_logger("shardrec.saver")
 _TFSaver = saver_lib.Saver
 
 
+class _NoDenseVariables(saver_lib.BaseSaverBuilder.SaveableObject):
+    """The dense part of a model of tables alone (matrix factorization trained with SGD: no dense
+    layer, no global step, no optimizer state). TensorFlow's Saver builds nothing for an empty
+    var_list (no saver_def, no files), while a shardrec checkpoint is its dense prefix's files plus
+    the shards; this saves one constant in their place, so that the dense part exists, max_to_keep
+    and the state file work, and every reader of checkpoints finds it as for any other model.
+    Restoring it changes nothing."""
+    NAME = "shardrec_no_dense_variables"
+
+    def __init__(self):
+        tensor = tf.constant(b"this model has no dense variable; its tables are in the sparse-* directory",
+                             name=self.NAME)
+        super().__init__(tensor, [saver_lib.BaseSaverBuilder.SaveSpec(tensor, "", self.NAME)], self.NAME)
+
+    def restore(self, restored_tensors, restored_shapes):
+        return tf.no_op(name=f"{self.NAME}_restore")
+
+
 def _without_tables(var_list, excluded):
     if var_list is None:
         var_list = variables_lib._all_saveable_objects()  # what TensorFlow's Saver saves by default
@@ -88,9 +106,7 @@ class Saver(_TFSaver):
             tables = list(state.tables.values())
             if tables:
                 excluded = {id(v) for t in tables for v in [t.variable, *t.slots.values()]}
-                var_list = _without_tables(var_list, excluded)
-                if not var_list:
-                    kwargs["allow_empty"] = True
+                var_list = _without_tables(var_list, excluded) or [_NoDenseVariables()]
                 self._tables = [t for t in tables if t.is_save]
                 for table in self._tables:
                     table.init_ops()

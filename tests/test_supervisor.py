@@ -246,7 +246,7 @@ This is usually due to either a failure of the TCP network
 @pytest.mark.parametrize("text, host", [(_DAEMON_NEVER_REPORTED, "sr6523b"), (_DAEMON_LOST, "sr4381b"),
                                         ("rank 1 exited on signal 9 (Killed)", None)])
 def test_the_host_mpiexec_lost_is_read_from_either_of_its_messages(text, host):
-    from shardrec.orchestrator.supervisor import lost_daemon_host
+    from shardrec.orchestrator.failure_cause import lost_daemon_host
     assert lost_daemon_host("[rank 0/2] step 10\n" + text) == host
 
 
@@ -271,6 +271,79 @@ def test_an_elastic_job_blames_the_host_its_discovery_no_longer_lists_when_silen
     listed = ended(lambda: {"host-a"})
     assert (listed.rank, listed.host, listed.host_lost) == (1, "host-b", True), listed
     assert "host host-b (rank 1) fell silent first" in listed.reason, listed.reason
+
+
+# Open MPI's TCP transport on a surviving rank when its peer's connection breaks (help-mpi-btl-tcp.txt,
+# "peer hung up"), tagged as that rank's stderr: what came first when host b's processes were all
+# SIGKILLed and its link cut, before either of PRRTE's messages.
+_PEER_HUNG_UP = """An MPI communication peer process has unexpectedly disconnected.  This
+usually indicates a failure in the peer process (e.g., a crash or
+otherwise exiting without calling MPI_FINALIZE first).
+
+  Local host: a
+  Local PID:  4211
+  Peer host:  b
+"""
+
+
+def _ended_attempt(tmp_path, code, rank_lines, launcher="", usable_hosts=None, silent_for=(0.5, 0.5)):
+    """Attempt._ended(code) of a two-rank, two-host attempt (rank 0 on a, rank 1 on b) whose ranks
+    printed rank_lines (rank -> text) and mpiexec printed `launcher`."""
+    import time
+
+    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+
+    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
+                      usable_hosts=usable_hosts)
+    now = time.monotonic()
+    attempt.beats = {0: Heartbeat(rank=0, size=2, host="a"), 1: Heartbeat(rank=1, size=2, host="b")}
+    attempt.heard = {0: now - silent_for[0], 1: now - silent_for[1]}
+    for rank, text in rank_lines.items():
+        attempt.tails[rank].extend(text.splitlines())
+    attempt.tails["mpiexec"].extend(launcher.splitlines())
+    return attempt._ended(code)
+
+
+@pytest.mark.parametrize("usable", [None, lambda: {"a"}])
+def test_a_host_lost_is_named_when_a_peer_s_transport_error_comes_first(tmp_path, usable):
+    """No PRRTE message, no rank's own word: rank 0's transport names its peer's host, and (elastic)
+    discovery has dropped it. The failure names rank 1 and host b, lost, and says how it knows."""
+    out = _ended_attempt(tmp_path, 14, {0: "[rank 0/2] step 12\n" + _PEER_HUNG_UP}, usable_hosts=usable)
+    assert (out.ok, out.ranks, out.host, out.host_lost) == (False, [1], "b", True), out
+    assert out.reason.startswith("host b lost, with rank(s) [1]: rank(s) [0]'s MPI transport lost its peer there"), out
+    assert ("discovery script no longer lists it" in out.reason) == (usable is not None), out.reason
+    assert "mpiexec exited 14" in out.reason
+
+
+def test_a_host_lost_is_named_from_discovery_and_silence_alone(tmp_path):
+    """Nothing in the output names a host: discovery dropped b and b's rank fell silent first."""
+    out = _ended_attempt(tmp_path, 14, {0: "[rank 0/2] step 12"}, usable_hosts=lambda: {"a"}, silent_for=(0.1, 30))
+    assert (out.ranks, out.host, out.host_lost) == ([1], "b", True), out
+    assert "discovery script no longer lists it; its rank(s) fell silent" in out.reason, out.reason
+
+
+def test_a_rank_that_failed_by_itself_is_blamed_not_the_host_its_peers_complain_of(tmp_path):
+    """Rank 1 raised (its exit hook says so) and its peer's transport complains of b: rank 1 failed,
+    host b is not lost; nor when mpiexec saw rank 1 die of a signal."""
+    own = _ended_attempt(tmp_path, 1, {0: _PEER_HUNG_UP, 1: "[rank 1/2] uncaught error, ending the whole job "
+                                                         "(MPI_Abort, status 1): ValueError: bad"})
+    assert (own.ranks, own.host, own.host_lost) == ([1], "b", False), own
+    assert own.reason.startswith("rank 1 on host b failed"), own.reason
+    signalled = _ended_attempt(tmp_path, 137, {0: _PEER_HUNG_UP}, launcher="prterun noticed that process rank 1 with "
+                               "PID 77 on node b exited on\nsignal 9 (Killed).")
+    assert (signalled.ranks, signalled.host, signalled.host_lost) == ([1], "b", False), signalled
+    assert "killed by signal 9 (Killed)" in signalled.reason
+
+
+def test_the_summary_names_the_lost_host_and_its_ranks(tmp_path):
+    from shardrec.orchestrator.supervisor import JobSpec, Supervisor
+
+    outcome = _ended_attempt(tmp_path, 14, {0: _PEER_HUNG_UP})
+    sup = Supervisor(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)))
+    sup._summary(0.0, outcome)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["lost_host"], summary["failed_ranks"], summary["ok"]) == ("b", [1], False), summary
+    assert summary["reason"] == outcome.reason
 
 
 def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_complete(reference_run, tmp_path):
