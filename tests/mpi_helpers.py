@@ -9,6 +9,8 @@ import time
 
 import psutil
 
+from shardrec.orchestrator import shm_segments
+
 INIT_DEFAULTS = ("OMPI_MCA_mpi_yield_when_idle", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
                  "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_jobs")
@@ -39,6 +41,26 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None, wrapper=None):
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def shm_segments_now():
+    """Open MPI's shared-memory segments in /dev/shm now: a test that kills a job compares before
+    and after."""
+    return {e for e in os.listdir(shm_segments.SHM) if e.startswith(("sm_segment.", "vader_segment."))}
+
+
+def _kill_and_clean(processes):
+    """SIGKILLs `processes` and removes the shared-memory segments of their job, which a killed
+    mpiexec cannot; asserts that none is left."""
+    segments = shm_segments.job_prefixes(processes)
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(processes, timeout=30)
+    shm_segments.remove(segments)
+    assert not shm_segments.left(segments), shm_segments.left(segments)
+
+
 def _stacks_of_hung(proc):
     """Makes every rank of a hung job write its threads' stacks (init() registers SIGUSR1 for that),
     then ends the job; returns its whole output, so that a hang seen once says where it was."""
@@ -49,12 +71,7 @@ def _stacks_of_hung(proc):
         except psutil.Error:
             pass
     time.sleep(3)
-    proc.kill()
-    for rank in ranks:
-        try:
-            rank.kill()
-        except psutil.Error:
-            pass
+    _kill_and_clean([psutil.Process(proc.pid)] + ranks)
     return proc.communicate()
 
 
@@ -95,13 +112,7 @@ def kill_during_save(nprocs, job, args, sparse_dir, timeout=240):
     running = proc.poll() is None
     # Open MPI puts each rank in a process group of its own: killing mpiexec's group would leave
     # the ranks running (and a lone rank finishing its save), so every process of the session goes.
-    session = [p for p in psutil.process_iter() if _session_of(p) == proc.pid]
-    for p in session:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(session, timeout=30)
+    _kill_and_clean([p for p in psutil.process_iter() if _session_of(p) == proc.pid])
     proc.wait()
     shutil.rmtree(session_files, ignore_errors=True)
     assert running, "the job ended before its save began"

@@ -15,6 +15,8 @@ import shutil
 import signal
 import subprocess
 
+from shardrec.orchestrator import shm_segments
+
 AGENT = """#!/bin/sh
 # mpiexec's "ssh": [options] HOST COMMAND... -> COMMAND run inside the namespace named HOST.
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
@@ -103,24 +105,26 @@ class NetnsHosts:
     def kill(self, index):
         """Kills every process on host `index` (its Open MPI daemon and ranks): the host is gone."""
         pids = subprocess.run(["ip", "netns", "pids", self.names[index]], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _kill_and_clean(pids)
         return pids
 
     def close(self):
         """Kills what still runs inside the namespaces (a host whose link was cut keeps its Open MPI
         daemon: it never hears that the job ended), then deletes them."""
         for name in reversed(self.created):
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+            _kill_and_clean(subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split())
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.created = []
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _kill_and_clean(pids):
+    """SIGKILLs `pids` and removes their job's shared-memory segments (a killed host's daemon cannot)."""
+    segments = shm_segments.job_prefixes(pids)
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    shm_segments.remove(segments)

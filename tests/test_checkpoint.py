@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_helpers import JOBS, check, kill_during_save, mpiexec
+from mpi_helpers import JOBS, check, kill_during_save, mpiexec, shm_segments_now
 
 JOB = "ckpt_job.py"
 sys.path.insert(0, JOBS)
@@ -147,9 +147,11 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_latest(tmp_path):
     big = ["--dim", "64", "--vocab", "1200000"]
     check(mpiexec(2, JOB, "--out", tmp_path, "--tag", "before", "--start", 0, "--end", 10, "--save",
                   tmp_path / "model", *big, timeout=300))
+    segments = shm_segments_now()
     kill_during_save(2, JOB, ["--out", tmp_path, "--tag", "killed", "--start", 10, "--end", 12, "--restore",
                               tmp_path / "model-10", "--save", tmp_path / "model", "--extra-keys", 500000, *big],
                      tmp_path / "sparse-model-12")
+    assert shm_segments_now() <= segments, "the killed job's shared memory is left in /dev/shm"
     assert not os.path.exists(tmp_path / "model-12.index")
     # Plain TensorFlow (no shardrec in this process's view) and a fresh job both find model-10 as
     # the latest, without being told; the job restores it exactly.
