@@ -37,6 +37,7 @@ from .sparse_checkpoint import ADMISSION_ARRAYS, PENDING, CheckpointError, map_a
 log = get_logger("shardrec.restore")
 # Files streamed side by side: the disk reads ahead in one while another's chunk is checksummed.
 _STREAMS = 3
+_MIN_CHUNK, _MAX_CHUNK = 2**20, 64 * 2**20
 
 
 @dataclass
@@ -132,13 +133,22 @@ def _streamed(p, column, files, sink=None, verified=False):
         if entry.get("shape") != [part.entry.get("rows"), p.table.dim]:
             raise CheckpointError(f"{part.shard_dir}/{entry.get('file')}: {entry.get('shape')} rows, but "
                                   f"{part.entry.get('rows')} keys of dim {p.table.dim}")
-        for first, rows in (map_array if verified else stream_array)(part.shard_dir, entry, f"table {name!r} {column}"):
+        reader = map_array if verified else stream_array
+        for first, rows in reader(part.shard_dir, entry, f"table {name!r} {column}", _chunk_bytes(p.table)):
             if sink is None:
                 continue
             if part.mine is not None:
                 rows = rows[part.mine[first:first + len(rows)]]
             sink(at, rows)
             at += len(rows)
+
+
+def _chunk_bytes(table) -> int:
+    """A chunk of a table's row file: the streams side by side hold at most a tenth of the table's
+    rows in memory (its budget, for a tiered table; 1 to 64 MiB), so that a table mostly on SSD
+    restores within its budget."""
+    in_memory = table.capacity() * table.dim * 4 * len(table.columns)
+    return min(_MAX_CHUNK, max(_MIN_CHUNK, in_memory // (10 * _STREAMS)))
 
 
 def _each_file(plans, work, meanwhile=lambda: None):

@@ -14,6 +14,7 @@ table's counters (JSON).
 import argparse
 import json
 import os
+import threading
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -73,12 +74,42 @@ def memory_status():
     return fields
 
 
-def peak_since_reset(run):
-    """The peak resident memory (VmHWM) of `run()`: the peak is reset to the present first."""
+def anon_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+
+
+class AnonPeak:
+    """The peak anonymous resident memory (RssAnon: heap and anonymous maps, not the page cache or
+    mapped files) while the block runs, sampled every `interval` seconds by a thread."""
+
+    def __init__(self, interval=0.001):
+        self.interval = interval
+
+    def __enter__(self):
+        self.peak, self._done = anon_rss(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(self.interval):
+            self.peak = max(self.peak, anon_rss())
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, anon_rss())
+
+
+def peak_since_reset(run, peaks, name):
+    """peaks[name]: the peak resident memory (VmHWM) of `run()`, the peak reset to the present first;
+    peaks[anon_<name>]: its peak anonymous memory."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    run()
-    return memory_status()["VmHWM"]
+    with AnonPeak() as anon:
+        run()
+    peaks[name], peaks[f"anon_{name}"] = memory_status()["VmHWM"], anon.peak
 
 
 def build(a, rank, size):
@@ -159,8 +190,9 @@ def main():
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(hvd.broadcast_variables(g["dense"], root_rank=0))
         peaks = {}
+        train_anon = AnonPeak(0.01).__enter__()
         if a.restore:
-            peaks["peak_restore"] = peak_since_reset(lambda: g["saver"].restore(sess, a.restore))
+            peak_since_reset(lambda: g["saver"].restore(sess, a.restore), peaks, "peak_restore")
         sess.run(g["iterator"].initializer)
         try:
             for s in range(a.start, a.end):
@@ -181,8 +213,10 @@ def main():
                 raise
             print(f"TRAINING-ERROR rank={rank} step={len(losses) + a.start}: {' '.join(str(e).split())}", flush=True)
         peaks["peak_train"] = memory_status()["VmHWM"]
+        train_anon.__exit__()
+        peaks["anon_peak_train"] = train_anon.peak
         if a.save and not a.save_every:
-            peaks["peak_save"] = peak_since_reset(lambda: g["saver"].save(sess, a.save, global_step=a.start + len(losses)))
+            peak_since_reset(lambda: g["saver"].save(sess, a.save, global_step=a.start + len(losses)), peaks, "peak_save")
         export = {} if a.no_export else g["table"].export(sess)
         w = sess.run(g["w"])
     counters = g["table"].counters().as_dict()
