@@ -223,5 +223,9 @@ def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, pre
     return op, setup
 
 
+# The features of a record each peer reads (the others read "ids"): TensorFlow's best case reads
+# rows mapped outside the graph instead of keys.
+FEATURES = {"tf_premapped": ("rows",), "tf_premapped_ds": ("rows",)}
+
 PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped,
          "tf_premapped_ds": tf_premapped_ds, "tfra": tfra, "tfra_horovod": tfra_horovod}

@@ -82,50 +82,85 @@ def fewer_steps(peer, dim, short):
     return ["--steps", "16", "--warmup", "3"] if peer.startswith("tfra") and dim == 128 and not short else []
 
 
+def _spread(outs):
+    """A figure's spread: the lowest and highest window of every run of it."""
+    windows = [w for out in outs for w in out["windows"]]
+    return min(windows), max(windows)
+
+
+def _step_note(note, outs, peer_outs, feed):
+    """The note of a sparse-step row: the peer, the feed, the workload's distinct ids per batch, and
+    the spread of both figures and of the ratio over the rounds (each round ran both in turn)."""
+    lo, hi = _spread(outs)
+    text = (f"{note}; feed: {FEEDS[feed]}; {outs[0]['distinct_per_batch'] / 1000:.1f}k distinct ids per batch; "
+            f"windows of {len(outs)} round(s): shardrec {lo / 1e6:.2f}-{hi / 1e6:.2f}M")
+    if peer_outs:
+        plo, phi = _spread(peer_outs)
+        ratios = ", ".join(f"{a['ids_per_s'] / b['ids_per_s']:.2f}" for a, b in zip(outs, peer_outs))
+        text += f", peer {plo / 1e6:.2f}-{phi / 1e6:.2f}M; ratio per round {ratios}"
+    return text
+
+
+FEEDS = {"records": "TFRecord files parsed by tf.data (a user's path)",
+         "step-only": "STEP-ONLY: batches from numpy, no parsing"}
+
+
+def _step_runs(peers, dim, opt, extra, repeats, short, ranks=1):
+    """{peer: [sparse_step.py JSON of each round]}, the peers interleaved in every round so that a
+    slow spell of the machine hits them all alike."""
+    outs = {}
+    for _ in range(repeats):
+        for peer in peers:
+            if not peer_available(peer):
+                continue
+            log(f"sparse step: {peer} dim {dim} {opt}" + (f" on {ranks} ranks" if ranks > 1 else "")
+                + (" (step-only feed)" if "step-only" in extra else ""))
+            outs.setdefault(peer, []).append(json_line(run(
+                [sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim), "--optimizer", opt]
+                + extra + fewer_steps(peer, dim, short), ranks=ranks)))
+    return outs
+
+
 def sparse_step(short, repeats):
+    """Every peer on the user's feed (records), 1 and 2 ranks; and shardrec against TFRA on the
+    step-only feed once (dim 16, lazy Adam), labelled as such."""
     rows = []
     dims = [16] if short else [16, 128]
     optimizers = ["lazy_adam"] if short else ["lazy_adam", "sgd"]
-    size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
+    size = ["--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
     for dim in dims:
         for opt in optimizers:
-            # Peers interleaved, so that a slow spell of the machine hits them all alike.
-            samples = {}
-            for _ in range(repeats):
-                for peer in SINGLE_RANK_PEERS:
-                    if not peer_available(peer):
-                        continue
-                    log(f"sparse step: {peer} dim {dim} {opt}")
-                    out = json_line(run([sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
-                                         "--optimizer", opt] + size + fewer_steps(peer, dim, short)))
-                    samples.setdefault(peer, []).append(out["ids_per_s"])
-            two = {}
-            for _ in range(repeats):
-                for peer in ("shardrec", "tfra_horovod"):
-                    if not peer_available(peer):
-                        continue
-                    log(f"sparse step: {peer} dim {dim} {opt} on 2 ranks")
-                    two.setdefault(peer, []).append(json_line(run(
-                        [sys.executable, "bench/sparse_step.py", "--peer", peer, "--dim", str(dim),
-                         "--optimizer", opt] + size + fewer_steps(peer, dim, short), ranks=2))["ids_per_s"])
-            ours = statistics.median(samples["shardrec"])
+            samples = _step_runs(SINGLE_RANK_PEERS, dim, opt, size, repeats, short)
+            two = _step_runs(("shardrec", "tfra_horovod"), dim, opt, size, repeats, short, ranks=2)
+            ours = statistics.median(o["ids_per_s"] for o in samples["shardrec"])
             for peer in SINGLE_RANK_PEERS[1:]:
                 if peer == "tf_premapped_ds" and opt == "sgd":
                     continue  # SGD needs no dedup: the same graph as tf_premapped
+                theirs = samples.get(peer)
                 rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 1, "peer": peer,
-                             "unit": "ids/s", "shardrec": ours,
-                             "peer_value": statistics.median(samples[peer]) if peer in samples else None,
-                             "note": PEER_NOTES[peer] if peer in samples
+                             "feed": "records", "unit": "ids/s", "shardrec": ours,
+                             "peer_value": statistics.median(o["ids_per_s"] for o in theirs) if theirs else None,
+                             "note": _step_note(PEER_NOTES[peer], samples["shardrec"], theirs, "records") if theirs
                              else "peer not installed (make bench installs it)"})
-            ours_two = statistics.median(two["shardrec"])
+            ours_two = statistics.median(o["ids_per_s"] for o in two["shardrec"])
             rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 2,
-                         "peer": "shardrec 1 rank", "unit": "ids/s (aggregate)", "shardrec": ours_two,
-                         "peer_value": ours, "note": "2 ranks on the same cores against 1 rank"})
+                         "peer": "shardrec 1 rank", "feed": "records", "unit": "ids/s (aggregate)",
+                         "shardrec": ours_two, "peer_value": ours,
+                         "note": _step_note("2 ranks on the same cores against 1 rank", two["shardrec"], None,
+                                            "records")})
+            theirs = two.get("tfra_horovod")
             rows.append({"workload": "sparse_step", "dim": dim, "optimizer": opt, "ranks": 2, "peer": "tfra_horovod",
-                         "unit": "ids/s (aggregate)", "shardrec": ours_two,
-                         "peer_value": statistics.median(two["tfra_horovod"]) if "tfra_horovod" in two else None,
-                         "note": "TFRA sharded with Horovod all-to-all" if "tfra_horovod" in two
-                         else "peer not installed (make bench installs it)"})
+                         "feed": "records", "unit": "ids/s (aggregate)", "shardrec": ours_two,
+                         "peer_value": statistics.median(o["ids_per_s"] for o in theirs) if theirs else None,
+                         "note": _step_note("TFRA sharded with Horovod all-to-all", two["shardrec"], theirs, "records")
+                         if theirs else "peer not installed (make bench installs it)"})
+    step_only = _step_runs(("shardrec", "tfra"), 16, "lazy_adam", size + ["--feed", "step-only"], repeats, short)
+    if "tfra" in step_only:
+        rows.append({"workload": "sparse_step", "dim": 16, "optimizer": "lazy_adam", "ranks": 1,
+                     "peer": "tfra (step-only feed)", "feed": "step-only", "unit": "ids/s",
+                     "shardrec": statistics.median(o["ids_per_s"] for o in step_only["shardrec"]),
+                     "peer_value": statistics.median(o["ids_per_s"] for o in step_only["tfra"]),
+                     "note": _step_note(PEER_NOTES["tfra"], step_only["shardrec"], step_only["tfra"], "step-only")})
     return rows
 
 
@@ -135,7 +170,7 @@ def admission(short, repeats):
     round evicts the keys of the batches not seen lately, which come back and are admitted again),
     against the same step with neither; and with admission alone. 200 timed steps (4 windows of 50)
     so that the timed steps hold two evictions."""
-    size = ["--distinct", "1000000", "--steps", "200", "--warmup", "5"] if short else ["--steps", "200", "--warmup", "5"]
+    size = ["--distinct", "1000000" if short else "10000000", "--steps", "200", "--warmup", "5"]
     variants = {"neither": [], "admission 2, eviction every 100 steps": ["--faae"],
                 "admission 2 alone": ["--faae", "--evict-every", "0"]}
     samples, counters = {}, {}
@@ -190,7 +225,7 @@ def tiers(short, repeats):
     step are set against the disk's own speed. --short: 200 warm-up and 100 timed steps, on the same
     1600 batches (fewer would leave the 1% budget too small for the batches in flight)."""
     common = ["bench/sparse_step.py", "--peer", "shardrec", "--dim", "16", "--optimizer", "lazy_adam", "--batch", "256",
-              "--prefetch", "1"] + (["--batches", "1600", "--warmup", "200", "--steps", "100"] if short else
+              "--prefetch", "1", "--distinct", "10000000"] + (["--batches", "1600", "--warmup", "200", "--steps", "100"] if short else
                                     ["--batches", "1600", "--warmup", "1600", "--steps", "400"])
     variants = {"all in memory": ([], None), "10% in memory (lfu)": (["--memory-fraction", "0.1"], "lfu"),
                 "1% in memory (lfu)": (["--memory-fraction", "0.01"], "lfu"),
@@ -290,7 +325,8 @@ def scaling(short, repeats):
     """A core per rank (bench/scaling.py): 1 rank pinned to 1 core against 2 ranks pinned to a core
     each, alternating, medians of 3 rounds (1 in the short mode); efficiency = 2-rank aggregate /
     (2 x 1-rank), with each rank's step timeline."""
-    size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
+    size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else \
+        ["--distinct", "10000000"]
     settings = [(16, "lazy_adam")] if short else [(16, "lazy_adam"), (128, "lazy_adam"), (16, "sgd")]
     rows = []
     for dim, optimizer in settings:

@@ -1,10 +1,14 @@
 """Sparse step throughput: ids/s of lookup + forward + backward + update, one peer per process.
 
     python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40] [--faae]
+                                [--feed records|step-only]
     python bench/sparse_step.py --peer shardrec --memory-fraction 0.1 [--ssd-path DIR]   (an SSD tier)
     mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
 
-Prints one JSON line: {"peer", "dim", "optimizer", "ranks", "ids_per_s" (median of windows), ...}.
+The default feed is a user's (workload.py): TFRecord files of tf.train.Example read by tf.data,
+batched and parsed, for every peer alike; --feed step-only hands each step its batch from numpy
+(the step with nothing around it). Prints one JSON line: {"peer", "dim", "optimizer", "ranks",
+"feed", "ids_per_s" (median of windows), "windows", "distinct_per_batch", ...}.
 """
 import argparse
 import json
@@ -29,7 +33,11 @@ def main(argv=None):
     p.add_argument("--optimizer", choices=["sgd", "lazy_adam"], default="lazy_adam")
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--fields", type=int, default=26)
-    p.add_argument("--distinct", type=int, default=10_000_000)
+    p.add_argument("--distinct", type=int, default=0,
+                   help="keys the Zipf law is truncated to (0, default: numpy's unbounded Zipf(1.1))")
+    p.add_argument("--feed", choices=["records", "step-only"], default="records",
+                   help="records (default): TFRecord files parsed by tf.data, a user's path; step-only: batches "
+                        "from numpy, no parsing")
     p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--warmup", type=int, default=5)
@@ -65,7 +73,11 @@ def main(argv=None):
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
-    dataset = workload.batch_dataset(keys, rows)
+    if args.feed == "records":
+        features = set(peers.FEATURES.get(args.peer, ("ids",))) | ({"ts"} if args.faae else set())
+        dataset = workload.record_dataset(workload.write_records(keys, rows, rank), args.batch, args.fields, features)
+    else:
+        dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
     if (args.faae or args.memory_fraction) and args.peer != "shardrec":
@@ -146,7 +158,8 @@ def main(argv=None):
             shares["memory_fraction"] = args.memory_fraction
             shares["swap_policy"] = os.environ.get("SHARDREC_SWAP_POLICY", "default")
         print(json.dumps({"peer": args.peer, "dim": args.dim, "optimizer": args.optimizer, "ranks": size,
-                          "ids_per_s": float(np.median(rates)), "windows": rates, "distinct_seen": seen, **shares}),
+                          "feed": args.feed, "ids_per_s": float(np.median(rates)), "windows": rates,
+                          "distinct_seen": seen, "distinct_per_batch": workload.distinct_per_batch(keys), **shares}),
               flush=True)
     if ssd_dir:
         from shardrec.rank_runtime import config

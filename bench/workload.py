@@ -1,5 +1,21 @@
-"""The benchmark's data: ids drawn with a Zipf-like law (exponent 1.1) from a fixed set of
-distinct int64 keys spread over a 2^40 range. Deterministic under a seed."""
+"""The benchmark's data and its two feeds.
+
+Ids follow a Zipf law of exponent 1.1 spread over a 2^40 key range: by default as numpy draws it
+(P(k) ~ k^-1.1 over every k >= 1, what users' own benchmarks draw: about 45k distinct ids in a batch
+of 4096 x 26), or truncated to `distinct` keys (fewer distinct ids per batch: about 30k for 10M).
+Deterministic under a seed.
+
+Feeds, the same for every peer:
+- records (a user's path, the default): the batches written once as TFRecord files of
+  tf.train.Example, one per sample, read back by tf.data, batched and parsed (parse_example on the
+  batch, as TensorFlow's guide advises), each peer parsing the one feature it reads;
+- step-only: the batches handed over from numpy by tf.numpy_function, 64-byte aligned (no parsing,
+  no copy): the sparse step with nothing around it.
+"""
+import hashlib
+import os
+import tempfile
+
 import numpy as np
 
 KEY_RANGE = 2**40
@@ -30,9 +46,11 @@ def aligned(array):
 
 def make_batches(num_batches, batch, fields, distinct, seed=0):
     """(keys [num_batches, batch, fields] int64, dense row ids of the same shape in [0, U),
-    U = number of distinct keys that occur); each batch's data 64-byte aligned."""
+    U = number of distinct keys that occur); each batch's data 64-byte aligned. distinct: 0 for
+    numpy's unbounded Zipf(1.1), else the number of keys the law is truncated to."""
     rng = np.random.default_rng(seed)
-    ranks = zipf_ranks(rng, num_batches * batch * fields, distinct).reshape(num_batches, batch, fields)
+    n = num_batches * batch * fields
+    ranks = (rng.zipf(1.1, n) - 1 if not distinct else zipf_ranks(rng, n, distinct)).reshape(num_batches, batch, fields)
     seen, premapped = np.unique(ranks, return_inverse=True)
     keys, rows = rank_to_key(ranks), premapped.reshape(ranks.shape).astype(np.int32)
     if (batch * fields * 4) % 64 == 0:  # every batch of both then starts on a boundary too
@@ -57,3 +75,59 @@ def batch_dataset(keys, rows):
                 "ts": tf.fill(keys.shape[1:2], i)}
 
     return tf.data.Dataset.range(2**62).map(element).prefetch(1)
+
+
+def distinct_per_batch(keys):
+    """The median number of distinct ids in one batch."""
+    return int(np.median([len(np.unique(b)) for b in keys]))
+
+
+def write_records(keys, rows, seed, files=4):
+    """The batches as TFRecord files of tf.train.Example, one per sample ({"ids", "rows": the
+    sample's ids and pre-mapped rows}); written once into a folder under
+    the temporary directory named by the data's digest, reused by later runs. Returns the files in
+    reading order."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256(keys.tobytes() + rows.tobytes()).hexdigest()[:16]
+    folder = os.path.join(tempfile.gettempdir(), "shardrec-bench-records", f"{digest}-{seed}")
+    names = [os.path.join(folder, f"part-{i}.tfrecord") for i in range(files)]
+    if all(os.path.exists(n) for n in names):
+        return names
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(folder))
+    per_file = -(-len(keys) // files)
+    for i in range(files):
+        with tf.io.TFRecordWriter(os.path.join(staging, os.path.basename(names[i]))) as writer:
+            for b in range(i * per_file, min(len(keys), (i + 1) * per_file)):
+                for ids, mapped in zip(keys[b].tolist(), rows[b].tolist()):
+                    writer.write(tf.train.Example(features=tf.train.Features(feature={
+                        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                        "rows": tf.train.Feature(int64_list=tf.train.Int64List(value=mapped))})).SerializeToString())
+    try:
+        os.rename(staging, folder)
+    except OSError:  # another process wrote the same data meanwhile
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return names
+
+
+def record_dataset(files, batch, fields, features):
+    """A user's input path: the records, cycled, batched and parsed ({name: [batch, fields]} for
+    `features` of "ids" and "rows", "rows" as int32), with the one-batch prefetch every peer gets.
+    "ts" among `features`: each sample's timestamp, the step number (as batch_dataset's)."""
+    import tensorflow as tf
+
+    spec = {k: tf.io.FixedLenFeature([fields], tf.int64) for k in ("ids", "rows") if k in features}
+
+    def parse(step, serialized):
+        parsed = tf.io.parse_example(serialized, spec)
+        if "rows" in parsed:
+            parsed["rows"] = tf.cast(parsed["rows"], tf.int32)
+        if "ts" in features:
+            parsed["ts"] = tf.fill([batch], step)
+        return parsed
+
+    dataset = tf.data.TFRecordDataset(files).repeat().batch(batch, drop_remainder=True).enumerate()
+    return dataset.map(parse).prefetch(1)

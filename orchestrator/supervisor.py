@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from . import checkpoints, shm_segments
+from . import checkpoints, job_kill
 from .elastic import ElasticSpec, HostWatch
 from .failure_cause import TAGGED, Evidence, judge, lost_daemon_host, silent_host
 from shardrec.rank_runtime import heartbeat_format as beats
@@ -440,26 +440,17 @@ class Attempt:
 
     def stop(self):
         """Kills every process of the attempt (a stopped rank too), checks that none survives, and
-        removes the shared-memory segments they leave (shm_segments.py)."""
-        procs = self.processes()
-        segments = shm_segments.job_prefixes(procs)
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
+        removes the shared-memory segments they leave (job_kill.py)."""
+        alive, removed = job_kill.kill_job(self.processes())
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         if alive:
             raise RuntimeError(f"attempt {self.number}: processes {[p.pid for p in alive]} survived SIGKILL")
-        removed = shm_segments.remove(segments)
         if removed:
             log(f"attempt {self.number}: removed {len(removed)} shared-memory segment(s) its killed ranks left in "
-                f"{shm_segments.SHM}")
+                f"{job_kill.SHM}")
 
 
 def _without_mpi_banners(lines):

@@ -49,6 +49,8 @@ class World:
         comm = MPI.COMM_WORLD
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        if self.size == 1:
+            _unlink_own_segments()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
@@ -157,6 +159,23 @@ class World:
                 raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
                                    "call it together (at the same point of the script)")
             time.sleep(0.001)
+
+def _unlink_own_segments():
+    """A process alone in its job (a script run without mpiexec: MPI's singleton) has no daemon that
+    removes its shared-memory segment (/dev/shm/sm_segment.*, 16 MiB) when it ends, so every such run
+    left one behind. No peer will ever map it: its name goes now, and the mapping stays valid."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line}
+    except OSError:
+        return
+    for path in paths:
+        if os.path.basename(path).startswith(("sm_segment.", "vader_segment.")) and not path.endswith("(deleted)"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
 
 def get_world() -> "World":
     """The world, created on first use (collective: every rank calls it at the same point)."""

@@ -1,7 +1,6 @@
 """Runs a job under a real `mpiexec` (the virtual environment's Open MPI), oversubscribed."""
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -9,7 +8,7 @@ import time
 
 import psutil
 
-from shardrec.orchestrator import shm_segments
+from shardrec.orchestrator import job_kill
 
 INIT_DEFAULTS = ("OMPI_MCA_mpi_yield_when_idle", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
                  "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
@@ -44,32 +43,21 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None, wrapper=None):
 def shm_segments_now():
     """Open MPI's shared-memory segments in /dev/shm now: a test that kills a job compares before
     and after."""
-    return {e for e in os.listdir(shm_segments.SHM) if e.startswith(("sm_segment.", "vader_segment."))}
+    return job_kill.segments_now()
 
 
 def _kill_and_clean(processes):
     """SIGKILLs `processes` and removes the shared-memory segments of their job, which a killed
-    mpiexec cannot; asserts that none is left."""
-    segments = shm_segments.job_prefixes(processes)
-    for p in processes:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(processes, timeout=30)
-    shm_segments.remove(segments)
-    assert not shm_segments.left(segments), shm_segments.left(segments)
+    mpiexec cannot."""
+    alive, _ = job_kill.kill_job(processes, timeout=30)
+    assert not alive, f"processes {[p.pid for p in alive]} survived SIGKILL"
 
 
 def _stacks_of_hung(proc):
     """Makes every rank of a hung job write its threads' stacks (init() registers SIGUSR1 for that),
     then ends the job; returns its whole output, so that a hang seen once says where it was."""
     ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if "python" in p.name()]
-    for rank in ranks:
-        try:
-            rank.send_signal(signal.SIGUSR1)
-        except psutil.Error:
-            pass
+    job_kill.ask_for_stacks(ranks)
     time.sleep(3)
     _kill_and_clean([psutil.Process(proc.pid)] + ranks)
     return proc.communicate()

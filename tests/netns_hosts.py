@@ -12,10 +12,9 @@ one machine"). Needs root, `ip` (iproute2) and `unshare` (util-linux).
 """
 import os
 import shutil
-import signal
 import subprocess
 
-from shardrec.orchestrator import shm_segments
+from shardrec.orchestrator import job_kill
 
 AGENT = """#!/bin/sh
 # mpiexec's "ssh": [options] HOST COMMAND... -> COMMAND run inside the namespace named HOST.
@@ -121,10 +120,4 @@ class NetnsHosts:
 
 def _kill_and_clean(pids):
     """SIGKILLs `pids` and removes their job's shared-memory segments (a killed host's daemon cannot)."""
-    segments = shm_segments.job_prefixes(pids)
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    shm_segments.remove(segments)
+    job_kill.kill_job(pids, timeout=5)

@@ -109,3 +109,33 @@ def test_a_job_that_hangs_says_where_every_rank_is():
     assert "still running after 40 s" in text
     stacks = re.findall(r'File ".*stuck_after_init.py", line \d+ in waiting_for_ever_after_init', text)
     assert len(stacks) == 2, text[-3000:]
+
+
+def test_a_script_run_without_mpiexec_leaves_no_shared_memory_behind(tmp_path):
+    """A process alone in its MPI job (no mpiexec: MPI's singleton) has no daemon to remove its
+    16 MiB segment in /dev/shm when it ends; init() removes its name at once. Killed or not, the
+    segment it maps is gone."""
+    import json
+    import signal
+    import subprocess
+
+    script = tmp_path / "alone.py"
+    script.write_text("import json, sys, time\nimport tensorflow as tf\ntf.compat.v1.disable_eager_execution()\n"
+                      "from shardrec.rank_runtime import init\ninit()\n"
+                      "maps = open('/proc/self/maps').read().splitlines()\n"
+                      "print('SEGMENTS', json.dumps(sorted({l.split(maxsplit=5)[-1] for l in maps "
+                      "if '/dev/shm/sm_segment' in l})), flush=True)\ntime.sleep(60 if sys.argv[1] == 'wait' else 0)\n")
+
+    def segments(line):
+        assert line.startswith("SEGMENTS "), line
+        mapped = json.loads(line[len("SEGMENTS "):])
+        assert len(mapped) == 1 and mapped[0].endswith(" (deleted)"), mapped
+        return mapped[0][: -len(" (deleted)")]
+
+    done = check(subprocess.run([sys.executable, str(script), "exit"], capture_output=True, text=True, timeout=120))
+    assert not os.path.exists(segments(done.stdout.strip().splitlines()[-1]))
+    proc = subprocess.Popen([sys.executable, str(script), "wait"], stdout=subprocess.PIPE, text=True)
+    path = segments(proc.stdout.readline().strip())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(path)

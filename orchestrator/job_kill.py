@@ -1,14 +1,16 @@
-"""Open MPI's shared-memory segments of a job that was killed.
+"""Killing an MPI job's processes without leaving anything behind, and asking them for their stacks.
 
 Each rank of an Open MPI 5 job maps a file `/dev/shm/sm_segment.<host>.<uid>.<jobid>.<local rank>`
 (the shared-memory transport's; Open MPI 4 named it `vader_segment`). mpiexec's daemon removes them
 when the job ends, but a job whose mpiexec is killed (a supervisor stopping a hung attempt, a test, a
 user's kill -9) leaves them behind, 16 MiB each, until the machine restarts. The job's identity is
 the name without its last field: found in the maps of the job's live processes before they are
-killed, it names every segment of the job, also those of its ranks that died first.
+killed, it names every segment of the job, also those of its ranks that died first. kill_job()
+does both; the supervisor, the tests' helpers and bench/startup_loop.py use it.
 """
 import glob
 import os
+import signal
 
 import psutil
 
@@ -47,6 +49,50 @@ def remove(prefixes) -> list:
     return removed
 
 
-def left(prefixes) -> list:
-    """The segment files of the jobs `prefixes` name that are still there."""
-    return sorted(p for prefix in prefixes for p in glob.glob(glob.escape(prefix) + "*"))
+def segments_now() -> set:
+    """Every Open MPI shared-memory segment in /dev/shm now (a test compares before and after)."""
+    return {e for e in os.listdir(SHM) if e.startswith(_KINDS)}
+
+
+def ask_for_stacks(processes) -> list:
+    """SIGUSR1 to each of `processes` (a rank's init() makes it write its threads' stacks);
+    returns those asked."""
+    asked = []
+    for p in processes:
+        try:
+            p.send_signal(signal.SIGUSR1)
+            asked.append(p)
+        except psutil.Error:
+            pass
+    return asked
+
+
+def kill_job(processes, timeout=15.0):
+    """SIGKILLs `processes` (psutil Processes or pids), waits up to `timeout` seconds for them, and
+    removes the shared-memory segments of their job. Returns (the processes still alive, not
+    zombies; the segment files removed)."""
+    processes = [p if isinstance(p, psutil.Process) else _process(p) for p in processes]
+    processes = [p for p in processes if p is not None]
+    segments = job_prefixes(processes)
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    alive = [p for p in alive if _running(p)]
+    return alive, remove(segments)
+
+
+def _process(pid):
+    try:
+        return psutil.Process(int(pid))
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _running(p):
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
