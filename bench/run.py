@@ -127,7 +127,7 @@ def sparse_step(short, repeats):
     rows = []
     dims = [16] if short else [16, 128]
     optimizers = ["lazy_adam"] if short else ["lazy_adam", "sgd"]
-    size = ["--batches", "10", "--steps", "20", "--warmup", "5"] if short else []
+    size = ["--batches", "4", "--steps", "8", "--warmup", "2", "--windows", "2"] if short else []
     for dim in dims:
         for opt in optimizers:
             samples = _step_runs(SINGLE_RANK_PEERS, dim, opt, size, repeats, short)
@@ -169,9 +169,11 @@ def admission(short, repeats):
     (keys unseen for 20 steps; the timestamps are the step numbers, the 40 batches cycle, so each
     round evicts the keys of the batches not seen lately, which come back and are admitted again),
     against the same step with neither; and with admission alone. 200 timed steps (4 windows of 50)
-    so that the timed steps hold two evictions."""
-    size = ["--distinct", "1000000" if short else "10000000", "--steps", "200", "--warmup", "5"]
-    variants = {"neither": [], "admission 2, eviction every 100 steps": ["--faae"],
+    so that the timed steps hold two evictions. --short: 60 steps (2 windows), an eviction every 20."""
+    size = (["--distinct", "1000000", "--steps", "60", "--warmup", "2", "--windows", "2"] if short
+            else ["--distinct", "10000000", "--steps", "200", "--warmup", "5"])
+    every = 20 if short else 100
+    variants = {"neither": [], f"admission 2, eviction every {every} steps": ["--faae", "--evict-every", str(every)],
                 "admission 2 alone": ["--faae", "--evict-every", "0"]}
     samples, counters = {}, {}
     for _ in range(repeats):
@@ -259,7 +261,7 @@ def tiers(short, repeats):
 
 def end_to_end(short, repeats):
     rows = []
-    steps, traced = ("150", "10") if short else ("500", "30")
+    steps, traced = ("60", "5") if short else ("500", "30")
     results = {}
     for ranks in (1, 2):
         values, fractions, shares = [], [], []
@@ -288,11 +290,11 @@ def memory(short):
     """Bytes per stored key with the table exactly full (capacity = keys) and as users size tables
     (capacity = 2x the keys); TFRA with its initial size set to the keys (its best practice); and
     with dynamic expansion (rows in use grow with the keys) at several sizes."""
-    keys = "1000000" if short else "5000000"
+    keys = "500000" if short else "5000000"
     batch = "100000" if short else "50000"
     out = {}
     runs = [("shardrec", "1", keys, False), ("shardrec", "2", keys, False), ("tfra", "1", keys, False)]
-    runs += [("shardrec", "2", n, True) for n in (["1000000"] if short else ["2000000", "5000000", "8000000"])]
+    runs += [("shardrec", "2", n, True) for n in (["500000"] if short else ["2000000", "5000000", "8000000"])]
     for peer, factor, n, expansion in runs:
         if peer_available(peer):
             log(f"memory: {peer}, {n} keys, capacity {factor}x{', dynamic expansion' if expansion else ''}")
@@ -325,13 +327,14 @@ def scaling(short, repeats):
     """A core per rank (bench/scaling.py): 1 rank pinned to 1 core against 2 ranks pinned to a core
     each, alternating, medians of 3 rounds (1 in the short mode); efficiency = 2-rank aggregate /
     (2 x 1-rank), with each rank's step timeline."""
-    size = ["--distinct", "1000000", "--batches", "10", "--steps", "20", "--warmup", "5"] if short else \
+    size = ["--distinct", "1000000", "--batches", "4", "--steps", "8", "--warmup", "2"] if short else \
         ["--distinct", "10000000"]
     settings = [(16, "lazy_adam")] if short else [(16, "lazy_adam"), (128, "lazy_adam"), (16, "sgd")]
     rows = []
     for dim, optimizer in settings:
         log(f"scaling: dim {dim} {optimizer}, 1 rank on 1 core against 2 ranks on a core each")
         out = json_line(run([sys.executable, "bench/scaling.py", "--rounds", "1" if short else "3", "--dim", str(dim),
+                             *(["--timeline", "3"] if short else []),
                              "--optimizer", optimizer] + size))
         one, two = out["timeline"]["one_rank"][0], out["timeline"]["many_ranks"]
         waits = statistics.mean(sum(v for k, v in t["split_ms"].items() if k.startswith("waiting for a rank"))
@@ -372,7 +375,7 @@ def exchange_only(short):
 def checkpoint(short):
     """shardrec's Saver on one rank's table against plain writes and reads of the same bytes in the
     same files, same process (bench/checkpoint.py)."""
-    keys = "1000000" if short else "5000000"
+    keys = "500000" if short else "5000000"
     with tempfile.TemporaryDirectory(dir=ROOT) as d:
         log(f"checkpoint: save and restore of {keys} keys")
         ours = json_line(run([sys.executable, "bench/checkpoint.py", "--keys", keys, "--dir", d]))
@@ -410,17 +413,43 @@ def table(rows):
     return "\n".join(lines)
 
 
+SECTIONS = {"sparse_step": lambda short, repeats: sparse_step(short, repeats),
+            "admission": lambda short, repeats: admission(short, repeats),
+            "tiers": lambda short, repeats: tiers(short, repeats),
+            "end_to_end": lambda short, repeats: end_to_end(short, repeats if short else max(2, repeats)),
+            "scaling": lambda short, repeats: scaling(short, repeats),
+            "exchange_only": lambda short, repeats: exchange_only(short),
+            "memory": lambda short, repeats: memory(short),
+            "checkpoint": lambda short, repeats: checkpoint(short)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--short", action="store_true", help="a quick check (under 3 minutes)")
     p.add_argument("--repeats", type=int, default=None, help="runs per figure (default 1 short, 2 full)")
+    p.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None,
+                   help="run these sections alone; their rows replace the same sections' rows of --out, the others "
+                        "are kept (with the date and command of the run that measured them)")
     p.add_argument("--out", default=os.path.join(HERE, "results.json"))
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.short else 2)
     started = time.time()
-    rows = sparse_step(args.short, repeats) + admission(args.short, repeats) + tiers(args.short, repeats) + end_to_end(args.short, repeats if args.short else max(2, repeats)) + scaling(args.short, repeats) + \
-        exchange_only(args.short) + \
-        memory(args.short) + checkpoint(args.short)
+    sections = args.only or list(SECTIONS)
+    runs = {name: {"date": datetime.date.today().isoformat(),
+                   "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+                   "rows": SECTIONS[name](args.short, repeats)} for name in sections}
+    if args.only and os.path.exists(args.out):
+        with open(args.out) as f:
+            earlier = json.load(f)
+        kept = {name: {"date": earlier["date"], "command": earlier["command"], "rows": []} for name in SECTIONS}
+        for row in earlier["rows"]:
+            section = row.get("section") or _section_of(row["workload"])
+            kept[section]["date"], kept[section]["command"] = row.get("date", earlier["date"]), \
+                row.get("command", earlier["command"])
+            kept[section]["rows"].append(row)
+        runs = {name: runs.get(name) or kept[name] for name in SECTIONS if name in runs or kept[name]["rows"]}
+    rows = [dict(row, section=name, date=run["date"], command=run["command"])
+            for name, run in runs.items() for row in run["rows"]]
     report = {"date": datetime.date.today().isoformat(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "mode": "short" if args.short else "full", "repeats": repeats, "seconds": round(time.time() - started),
               "machine": machine(), "rows": rows}
@@ -429,6 +458,12 @@ def main(argv=None):
     print(table(rows))
     print(f"\n{report['date']}, {report['machine']['cores']} cores, {report['machine']['memory_gib']} GiB, "
           f"{report['seconds']} s; JSON in {os.path.relpath(args.out, ROOT)}")
+
+
+def _section_of(workload):
+    """The section of a row written before rows named their section."""
+    return {"sparse_step_admission": "admission", "sparse_step_tiers": "tiers", "checkpoint_save": "checkpoint",
+            "checkpoint_restore": "checkpoint"}.get(workload, workload)
 
 
 if __name__ == "__main__":

@@ -104,9 +104,9 @@ def test_a_job_that_hangs_says_where_every_rank_is():
     """What a test (or a user with `kill -USR1`) gets from ranks that hang after init(): each rank's
     Python stacks, not a bare timeout."""
     with pytest.raises(AssertionError) as failure:
-        mpiexec(2, "stuck_after_init.py", timeout=40)
+        mpiexec(2, "stuck_after_init.py", timeout=20)
     text = str(failure.value)
-    assert "still running after 40 s" in text
+    assert "still running after 20 s" in text
     stacks = re.findall(r'File ".*stuck_after_init.py", line \d+ in waiting_for_ever_after_init', text)
     assert len(stacks) == 2, text[-3000:]
 
