@@ -16,7 +16,7 @@ TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
 # A rank that failed by itself, most specific first: mpiexec saw its process die of a signal, its
 # exit hook (rank_runtime/exit_hooks.py) or MPI_ABORT named it, or Open MPI's error box did.
 _SIGNALLED_RANK = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal")
-_OWN_WORD_RANK = (re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"), re.compile(r"MPI_ABORT was invoked on rank (\d+)"))
+_OWN_WORD_RANK = (re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"))
 _BOXED_RANK = re.compile(r"Process name: \[[^\]]*,(\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)|Errorcode:\s+(\d+)")
 _SIGNAL = re.compile(r"exited on\s+signal (\d+ \([^)]*\))")
@@ -73,13 +73,15 @@ def judge(ev: Evidence) -> Cause:
                      f"exited {ev.code}); check that the host is up, reachable from here and has this installation "
                      f"at the same path")
     signalled = _SIGNALLED_RANK.search(text)
-    own = sorted({int(m) for pattern in _OWN_WORD_RANK for m in pattern.findall(text)})
+    # Each pattern's first match, in the patterns' order (MPI_ABORT's rank before an exit hook's line).
+    own = [int(m.group(1)) for pattern in _OWN_WORD_RANK for m in [pattern.search(text)] if m]
+    said_so = {int(r) for pattern in _OWN_WORD_RANK for r in pattern.findall(text)}
     lost, sources = _lost_host(ev, text, daemon)
     if lost is not None:
         ranks = sorted(r for r, h in ev.hosts.items() if h == lost)
         # A rank there that failed by itself explains its peers' complaints, unless its daemon went too.
-        failed_there = ([int(signalled.group(1))] if signalled else []) + own
-        if daemon == lost or not any(r in ranks for r in failed_there):
+        failed_there = ({int(signalled.group(1))} if signalled else set()) | said_so
+        if daemon == lost or not failed_there & set(ranks):
             return Cause(f"host {lost} lost, with rank(s) {ranks}: " + "; ".join(sources)
                          + f" (mpiexec exited {ev.code})", ranks, lost, host_lost=True)
     rank = (int(signalled.group(1)) if signalled else own[0] if own
