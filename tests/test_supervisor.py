@@ -83,12 +83,12 @@ def test_a_failed_rank_restarts_from_the_last_checkpoint_and_ends_as_an_uninterr
 
 def test_a_frozen_rank_is_detected_as_hung_and_no_process_of_its_attempt_survives(tmp_path, uninterrupted):
     before = shm_segments_now()
-    proc, out, run = train(tmp_path, "frozen", fault="1:8:stop", extra=("--hang-timeout", 15))
+    proc, out, run = train(tmp_path, "frozen", fault="1:8:stop", extra=("--hang-timeout", 10))
     assert proc.returncode == 0, proc.stderr[-4000:]
     # The killed attempt's mpiexec could not remove its ranks' shared memory; the supervisor did.
     assert re.search(r"attempt 0: removed 2 shared-memory segment\(s\) its killed ranks left in /dev/shm", proc.stderr)
     assert shm_segments_now() <= before, "a segment of the job is left in /dev/shm"
-    assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for [0-9]+ s \(hang timeout 15 s\); its "
+    assert re.search(r"attempt 0 failed: rank 1 on host \S+ sent no heartbeat for [0-9]+ s \(hang timeout 10 s\); its "
                      r"process is stopped", proc.stderr), proc.stderr[-4000:]
     assert_gone(attempt_pids(run, 0))
     # Before killing, the supervisor asked the rank that still ticked for its stack.
