@@ -413,11 +413,9 @@ def table(rows):
     return "\n".join(lines)
 
 
-SECTIONS = {"sparse_step": lambda short, repeats: sparse_step(short, repeats),
-            "admission": lambda short, repeats: admission(short, repeats),
-            "tiers": lambda short, repeats: tiers(short, repeats),
+SECTIONS = {"sparse_step": sparse_step, "admission": admission, "tiers": tiers,
             "end_to_end": lambda short, repeats: end_to_end(short, repeats if short else max(2, repeats)),
-            "scaling": lambda short, repeats: scaling(short, repeats),
+            "scaling": scaling,
             "exchange_only": lambda short, repeats: exchange_only(short),
             "memory": lambda short, repeats: memory(short),
             "checkpoint": lambda short, repeats: checkpoint(short)}

@@ -89,7 +89,9 @@ def write_records(keys, rows, seed, files=4):
     reading order."""
     import tensorflow as tf
 
-    digest = hashlib.sha256(keys.tobytes() + rows.tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(keys.data)
+    digest.update(rows.data)
+    digest = digest.hexdigest()[:16]
     folder = os.path.join(tempfile.gettempdir(), "shardrec-bench-records", f"{digest}-{seed}")
     names = [os.path.join(folder, f"part-{i}.tfrecord") for i in range(files)]
     if all(os.path.exists(n) for n in names):

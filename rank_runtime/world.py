@@ -160,6 +160,7 @@ class World:
                                    "call it together (at the same point of the script)")
             time.sleep(0.001)
 
+
 def _unlink_own_segments():
     """A process alone in its job (a script run without mpiexec: MPI's singleton) has no daemon that
     removes its shared-memory segment (/dev/shm/sm_segment.*, 16 MiB) when it ends, so every such run

@@ -40,12 +40,6 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None, wrapper=None):
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def shm_segments_now():
-    """Open MPI's shared-memory segments in /dev/shm now: a test that kills a job compares before
-    and after."""
-    return job_kill.segments_now()
-
-
 def _kill_and_clean(processes):
     """SIGKILLs `processes` and removes the shared-memory segments of their job, which a killed
     mpiexec cannot."""

@@ -119,5 +119,6 @@ class NetnsHosts:
 
 
 def _kill_and_clean(pids):
-    """SIGKILLs `pids` and removes their job's shared-memory segments (a killed host's daemon cannot)."""
-    job_kill.kill_job(pids, timeout=5)
+    """SIGKILLs `pids` and removes their job's shared-memory segments (a killed host's daemon cannot);
+    does not wait for them (their zombies are reaped by parents on the other hosts)."""
+    job_kill.kill_job(pids, timeout=0)

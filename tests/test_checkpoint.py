@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_helpers import JOBS, check, kill_during_save, mpiexec, shm_segments_now
+from mpi_helpers import JOBS, check, kill_during_save, mpiexec
+from shardrec.orchestrator.job_kill import segments_now as shm_segments_now
 
 JOB = "ckpt_job.py"
 sys.path.insert(0, JOBS)

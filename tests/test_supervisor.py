@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_helpers import JOBS, shm_segments_now
+from mpi_helpers import JOBS
+from shardrec.orchestrator.job_kill import segments_now as shm_segments_now
 from shardrec.rank_runtime.heartbeat_format import Heartbeat
 from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
                                 train)
