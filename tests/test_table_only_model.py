@@ -44,6 +44,23 @@ def assert_same(a, b):
             np.testing.assert_array_equal(row, b[table][key], err_msg=f"{table} key {key}")
 
 
+def seen_keys(step):
+    """{table: set of keys} of the global batches up to `step`: what the job holds after it."""
+    sys.path.insert(0, JOBS)
+    from mf_job import GLOBAL_BATCH, ratings
+
+    users, items, _ = ratings()
+    return {"user": set(users[:step * GLOBAL_BATCH, 0].tolist()), "item": set(items[:step * GLOBAL_BATCH, 0].tolist())}
+
+
+@pytest.mark.parametrize("step", [6, 9, 12])
+def test_each_save_and_its_dump_hold_exactly_the_keys_trained_so_far(trained, step):
+    """No batch runs ahead into the dump (the job turns tf.data's injected prefetch off), so the
+    dump the restores are compared with holds the saved step's keys, and only those."""
+    held = rows(trained, f"train-{step}", 2)
+    assert {table: set(held[table]) for table in TABLES} == seen_keys(step)
+
+
 def test_the_dense_part_of_a_table_only_checkpoint_is_written_and_listed(trained):
     import tensorflow as tf
 

@@ -51,6 +51,15 @@ def build():
     specs = [FeatureSpec("user", table_name="user"), FeatureSpec("item", table_name="item")]
     dataset = tf.data.Dataset.from_tensor_slices({"user": users[rows], "item": items[rows], "rate": rates[rows]})
     dataset = dataset.batch(local, drop_remainder=True).map(get_asc_insert_func(specs, is_training=True))
+    # No run-ahead: by default tf.data parallelizes the pipeline's last (stateless) map and injects
+    # a prefetch after it, which pull batches through the key exchange before training asks for
+    # them. A batch exchanged between a save and the dump that follows it would add keys to the
+    # dump alone (the save holds the keys of batches exchanged before it, by design), and the test
+    # compares the two: the next batch's keys must not arrive before the next step.
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_parallelization = False
+    dataset = dataset.with_options(options)
     batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     user_table, item_table = tables()
     u = sparse_lookup(user_table, specs[0], batch=batch, is_train=True)
