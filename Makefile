@@ -15,7 +15,7 @@ demo: setup
 	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
 
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) scripts/run_tests.py $(ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -m quick $(ARGS)

@@ -143,6 +143,7 @@ def _per_rank_checkpoint_exports(tmp_path, prefixes):
     np.testing.assert_array_equal(served["w"], tf.train.load_variable(prefixes[0], "w"))
 
 
+@pytest.mark.serial  # compares /dev/shm before and after
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_latest(tmp_path):
     # Big enough that the killed save is still writing when the loop below sees its folder.
     big = ["--dim", "64", "--vocab", "1200000"]
