@@ -78,7 +78,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
          save_delta_checkpoints_secs: int = None, restore_model_version: int = None,
          recent_key_count_threshold: int = 0, **kwargs) -> config.RuntimeConfig:
     """Initialises shardrec in this process; call once before building the graph. Every parameter
-    of the Rec SDK's init is accepted (README, "init"); those without a counterpart here are said in
+    of the Rec SDK's init is accepted (docs/reference/init.md); those without a counterpart here are said in
     the log."""
     if STATE.config is not None:
         raise RuntimeError("init: shardrec is already initialised; call terminate_config_initializer() "

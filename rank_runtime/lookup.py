@@ -166,7 +166,7 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
 
 
 def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
-    """The stages of a lookup (the README's "How it works"): row gather on the owner, the row
+    """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
     exchange back to the requesters, restore to batch order."""
     rows_at = routing.rows
     # Gradients flow to the table variable as IndexedSlices over `rows_at`, which are distinct:
