@@ -50,7 +50,7 @@ class World:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         if self.size == 1:
-            _unlink_own_segments()
+            unlink_own_segments()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
@@ -161,7 +161,7 @@ class World:
             time.sleep(0.001)
 
 
-def _unlink_own_segments():
+def unlink_own_segments():
     """A process alone in its job (a script run without mpiexec: MPI's singleton) has no daemon that
     removes its shared-memory segment (/dev/shm/sm_segment.*, 16 MiB) when it ends, so every such run
     left one behind. No peer will ever map it: its name goes now, and the mapping stays valid."""

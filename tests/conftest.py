@@ -37,6 +37,16 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def pytest_unconfigure(config):
+    """This process is an MPI singleton once a test started MPI in it (init(), or mpi4py alone):
+    nothing else removes its segment from /dev/shm when it exits, and a test process that never
+    called init() (a pytest worker that ran only native tests) would leave it."""
+    if "mpi4py.MPI" in sys.modules:
+        from shardrec.rank_runtime.world import unlink_own_segments
+
+        unlink_own_segments()
+
+
 @pytest.fixture
 def graph():
     """A fresh default graph; shardrec is terminated afterwards whatever the test did."""
