@@ -15,7 +15,7 @@ demo: setup
 	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
 
 test: setup
-	$(PY) scripts/run_tests.py $(ARGS)
+	$(PY) -m pytest $(ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -m quick $(ARGS)

@@ -11,36 +11,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shardrec.rank_runtime import lifecycle  # noqa: E402
 
 
-# Tests that judge wall-clock time (hang and heartbeat detection, exchange deadlines, elastic
-# hosts) or compare /dev/shm before and after a job: scripts/run_tests.py runs them alone, after
-# the others have run on two workers. A single test elsewhere says so with @pytest.mark.serial.
-SERIAL_FILES = {"test_supervisor.py", "test_elastic.py", "test_multi_host.py", "test_exchange_faults.py"}
-
-
-def pytest_addoption(parser):
-    parser.addoption("--phase", choices=("all", "parallel", "serial"), default="all",
-                     help="shardrec: run every test (all), those that may share the machine (parallel), or "
-                          "those marked serial (scripts/run_tests.py runs the last two in turn)")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SERIAL_FILES:
-            item.add_marker(pytest.mark.serial)
-    phase = config.getoption("--phase")
-    if phase == "all":
-        return
-    keep = [item for item in items if (item.get_closest_marker("serial") is not None) == (phase == "serial")]
-    dropped = [item for item in items if item not in keep]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
-
-
 def pytest_unconfigure(config):
     """This process is an MPI singleton once a test started MPI in it (init(), or mpi4py alone):
     nothing else removes its segment from /dev/shm when it exits, and a test process that never
-    called init() (a pytest worker that ran only native tests) would leave it."""
+    called init() (one that ran only the native tests) would leave it."""
     if "mpi4py.MPI" in sys.modules:
         from shardrec.rank_runtime.world import unlink_own_segments
 

@@ -47,6 +47,32 @@ def _kill_and_clean(processes):
     assert not alive, f"processes {[p.pid for p in alive]} survived SIGKILL"
 
 
+def _mapped_segments() -> set:
+    """The /dev/shm segments some live process maps now (the running jobs' own)."""
+    mapped = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(os.path.basename(line.split(maxsplit=5)[-1].strip())
+                              for line in f if "/dev/shm/" in line)
+        except OSError:
+            continue
+    return mapped
+
+
+def segments_left_behind(before: set, settle_s: float = 10.0) -> set:
+    """Shared-memory segments that appeared since `before` and that no live process maps: what a
+    job that ended left in /dev/shm. Jobs of other tests may run beside (make test runs two
+    pytest runs at once), so their segments are not counted while they map them; one that just
+    ended gets `settle_s` for its daemon to remove its own."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        left = job_kill.segments_now() - before - _mapped_segments()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
 def _stacks_of_hung(proc):
     """Makes every rank of a hung job write its threads' stacks (init() registers SIGUSR1 for that),
     then ends the job; returns its whole output, so that a hang seen once says where it was."""

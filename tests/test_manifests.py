@@ -358,7 +358,6 @@ print(json.dumps({"lookup_s": lookup_s, "discovery_s": time.monotonic() - starte
 '''
 
 
-@pytest.mark.serial  # judges a deadline
 def test_the_discovery_script_answers_in_time_when_a_stopped_host_s_name_lookup_hangs(tmp_path):
     """A stopped container's name could take the resolver's full timeout and retries to fail, longer
     than the supervisor waits for the script (docker/test-image.sh's elastic step met it: the
