@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,3 +137,18 @@ def test_the_init_reference_lists_exactly_the_parameters_init_accepts():
                 if p.kind is not inspect.Parameter.VAR_KEYWORD} | set(lifecycle._NO_COUNTERPART)
     assert documented == accepted, (f"documented, not accepted: {sorted(documented - accepted)}; "
                                     f"accepted, not documented: {sorted(accepted - documented)}")
+
+
+def test_the_readme_s_training_script_trains_on_two_ranks(tmp_path):
+    """The README's script, as it stands, run by mpiexec on 2 ranks: it trains to the end of its
+    data and every rank holds a share of the ids."""
+    from mpi_helpers import check, mpiexec
+
+    [block] = python_blocks(os.path.join(ROOT, "README.md"))
+    script = tmp_path / "train.py"
+    script.write_text(block + "\nimport os\nprint('HELD', os.environ['OMPI_COMM_WORLD_RANK'], table.size(), flush=True)\n")
+    proc = check(mpiexec(2, str(script), timeout=300))
+    held = dict(map(int, line.split()[1:]) for line in proc.stdout.splitlines() if line.startswith("HELD"))
+    assert set(held) == {0, 1} and all(n > 0 for n in held.values()), proc.stdout
+    ids = np.random.default_rng(0).integers(0, 1000, (4096, 1))
+    assert sum(held.values()) == len(np.unique(ids)), held
