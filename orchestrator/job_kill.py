@@ -10,9 +10,10 @@ does both; the supervisor, the tests' helpers and bench/startup_loop.py use it.
 """
 import glob
 import os
-import signal
 
 import psutil
+
+from shardrec.rank_runtime.heartbeat_format import STACKS_SIGNAL
 
 SHM = "/dev/shm"
 _KINDS = ("sm_segment.", "vader_segment.")
@@ -60,7 +61,7 @@ def ask_for_stacks(processes) -> list:
     asked = []
     for p in processes:
         try:
-            p.send_signal(signal.SIGUSR1)
+            p.send_signal(STACKS_SIGNAL)
             asked.append(p)
         except psutil.Error:
             pass

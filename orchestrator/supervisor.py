@@ -309,7 +309,7 @@ class Attempt:
         a rank that has not installed its handler yet would die of the signal."""
         self.resizing = why
         try:
-            self.proc.send_signal(signal.SIGUSR2)
+            self.proc.send_signal(beats.RESIZE_SIGNAL)
         except OSError:
             pass
 
@@ -335,7 +335,7 @@ class Attempt:
         for rank, beat in sorted(list(self.beats.items())):
             if beat.pid in mine and not beat.exiting:
                 try:
-                    os.kill(beat.pid, signal.SIGUSR1)
+                    os.kill(beat.pid, beats.STACKS_SIGNAL)
                     asked.append(rank)
                 except OSError:
                     pass

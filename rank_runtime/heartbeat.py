@@ -26,7 +26,7 @@ import time
 from typing import Optional
 
 from .channel import Channel
-from .heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, Heartbeat
+from .heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, STACKS_SIGNAL, Heartbeat
 from .state import STATE
 
 MIN_INTERVAL_S = 0.5
@@ -56,8 +56,8 @@ def stacks_on_sigusr1() -> None:
     """From init() on, SIGUSR1 makes the rank write every thread's stack to its stderr (and go on):
     the supervisor sends it to a rank it is about to kill as hung, a user or a test to any rank
     that seems stuck. A handler the script installed itself is kept."""
-    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    if signal.getsignal(STACKS_SIGNAL) in (signal.SIG_DFL, None):
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
 
 def active() -> bool:

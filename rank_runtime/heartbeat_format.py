@@ -1,9 +1,10 @@
 """What a rank tells the supervisor, and how: the environment the supervisor sets for its ranks,
-and one Heartbeat per line of the rank's standard error, after MARK, as JSON. The rank side
+the signals it sends them, and one Heartbeat per line of the rank's standard error, after MARK, as JSON. The rank side
 (heartbeat.py) writes it and the supervisor (orchestrator/supervisor.py) reads it with this one
 type. Imports nothing of TensorFlow or MPI: the supervisor never does.
 """
 import json
+import signal
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, Optional
 
@@ -12,6 +13,12 @@ ATTEMPT_ENV = "SHARDREC_ATTEMPT"
 RESUME_ENV = "SHARDREC_RESUME_FROM"
 INTERVAL_ENV = "SHARDREC_HEARTBEAT_INTERVAL_S"
 MARK = "SHARDREC-HEARTBEAT "
+# A rank writes every thread's Python stack to its standard error and goes on (init() registers it;
+# the supervisor and the tests' helpers send it to a rank before they kill it as hung).
+STACKS_SIGNAL = signal.SIGUSR1
+# An elastic job grows: every rank saves at the end of its current step and stops (sent to mpiexec,
+# which forwards it to every rank on every host; resize.py).
+RESIZE_SIGNAL = signal.SIGUSR2
 
 
 @dataclass

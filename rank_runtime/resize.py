@@ -11,10 +11,11 @@ stands until the process exits.
 import signal
 
 from . import heartbeat
+from .heartbeat_format import RESIZE_SIGNAL
 from .logs import get_logger
 
 log = get_logger("shardrec.resize")
-SIGNAL = signal.SIGUSR2
+SIGNAL = RESIZE_SIGNAL
 _asked = []  # appended to by the handler (a list: nothing to declare global in a signal handler)
 _said = []
 
