@@ -62,9 +62,9 @@ def _mapped_segments() -> set:
 
 def segments_left_behind(before: set, settle_s: float = 10.0) -> set:
     """Shared-memory segments that appeared since `before` and that no live process maps: what a
-    job that ended left in /dev/shm. Jobs of other tests may run beside (make test runs two
-    pytest runs at once), so their segments are not counted while they map them; one that just
-    ended gets `settle_s` for its daemon to remove its own."""
+    job that ended left in /dev/shm. Other jobs may run beside (another test run, a user's job):
+    their segments are not counted while they map them, and one that just ended gets `settle_s`
+    for its daemon to remove its own."""
     deadline = time.monotonic() + settle_s
     while True:
         left = job_kill.segments_now() - before - _mapped_segments()
