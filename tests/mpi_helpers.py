@@ -47,27 +47,15 @@ def _kill_and_clean(processes):
     assert not alive, f"processes {[p.pid for p in alive]} survived SIGKILL"
 
 
-def _mapped_segments() -> set:
-    """The /dev/shm segments some live process maps now (the running jobs' own)."""
-    mapped = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                mapped.update(os.path.basename(line.split(maxsplit=5)[-1].strip())
-                              for line in f if "/dev/shm/" in line)
-        except OSError:
-            continue
-    return mapped
-
-
 def segments_left_behind(before: set, settle_s: float = 10.0) -> set:
-    """Shared-memory segments that appeared since `before` and that no live process maps: what a
-    job that ended left in /dev/shm. Other jobs may run beside (another test run, a user's job):
-    their segments are not counted while they map them, and one that just ended gets `settle_s`
-    for its daemon to remove its own."""
+    """Shared-memory segments that appeared since `before` and belong to no job that a live process
+    maps a segment of: what a job that ended left in /dev/shm. Other jobs may run beside (another
+    test run, a user's job): theirs are not counted while they run, and one that just ended gets
+    `settle_s` for its daemon to remove its own."""
     deadline = time.monotonic() + settle_s
     while True:
-        left = job_kill.segments_now() - before - _mapped_segments()
+        live = tuple(os.path.basename(p) for p in job_kill.job_prefixes(psutil.pids()))
+        left = {s for s in job_kill.segments_now() - before if not s.startswith(live)}
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)

@@ -108,8 +108,7 @@ def named_options():
             pieces += re.split(r"^## ", text, flags=re.M)
         for piece in pieces:
             for command in COMMANDS:
-                head = piece.lstrip()
-                if head.startswith((command, f"`{command}`")) or (head.startswith("`") and f"`{command}`" in head[:40]):
+                if piece.lstrip().startswith((command, f"`{command}`")):
                     for option in OPTION.findall(piece[piece.index(command) + len(command):].split(" -- ")[0]):
                         found[command].setdefault(option, []).append(rel(page))
     return found
