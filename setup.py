@@ -29,7 +29,7 @@ def isa_flags():
 
 native = Pybind11Extension(
     "shardrec.native.core",
-    sources=["native/src/module.cpp"],
+    sources=["native/src/bindings/module.cpp"],
     include_dirs=["native/src", mpi4py.get_include()],
     cxx_std=17,
     extra_compile_args=["-O3"] + isa_flags() + mpicxx_flags("compile"),
@@ -49,11 +49,11 @@ def tensorflow_flags():
 tf_compile, tf_link = tensorflow_flags()
 # The sparse optimizers' fused kernels, a lookup's row gathers and row exchange, the row stores' binding: a TensorFlow
 # op library, loaded with tf.load_op_library
-# (rank_runtime/native_ops.py), not a Python module.
+# (rank_runtime/embedding/native_ops.py), not a Python module.
 tf_ops = Extension(
     "shardrec.native.tf_ops",
-    sources=["native/src/tf_sparse_apply_ops.cc", "native/src/tf_row_gather_ops.cc", "native/src/tf_row_store_ops.cc",
-             "native/src/tf_row_exchange_ops.cc"],
+    sources=[f"native/src/tf_ops/{name}.cc" for name in ("tf_sparse_apply_ops", "tf_row_gather_ops", "tf_row_store_ops",
+                                                          "tf_row_exchange_ops")],
     include_dirs=["native/src"],
     language="c++",
     # No errno from sqrt / pow: without it the update loops are not vectorised (3x slower, measured).

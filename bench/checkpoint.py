@@ -77,8 +77,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     from shardrec.rank_runtime import init
-    from shardrec.rank_runtime.table_save import read_table_rows
-    from shardrec.rank_runtime.sparse_checkpoint import sparse_dir
+    from shardrec.rank_runtime.checkpoint.table_save import read_table_rows
+    from shardrec.rank_runtime.formats.sparse_checkpoint import sparse_dir
 
     init()
     keys = np.unique(workload.KEY_RANGE // 3 + np.arange(args.keys, dtype=np.int64) * 7919)

@@ -21,7 +21,7 @@ pkg=/tmp/shardrec-pkg/shardrec/native
 mkdir -p "$pkg"
 cp "$here/native/__init__.py" "$pkg/"
 mpicxx -O3 -shared -fPIC -std=c++17 $(python3 -m pybind11 --includes) -I"$here/native/src" \
-  -I"$(python3 -c 'import mpi4py; print(mpi4py.get_include())')" "$here/native/src/module.cpp" \
+  -I"$(python3 -c 'import mpi4py; print(mpi4py.get_include())')" "$here/native/src/bindings/module.cpp" \
   -o "$pkg/core$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 { nproc; lscpu | grep -E "Model name|Thread|Core|Socket" || true; python3 --version; mpiexec --version | head -1; } > "$out/machine.txt"
 for n in $ranks; do

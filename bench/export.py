@@ -41,7 +41,7 @@ def write_checkpoint(save_path, rows, dim, ranks=2, seed=0):
     holding the global step; returns a probe of 1000 keys and their rows."""
     import tensorflow as tf
 
-    from shardrec.rank_runtime import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
 
     rng = np.random.default_rng(seed)
     keys = np.unique(rng.integers(0, 2**62, int(rows * 1.01)))[:rows]

@@ -37,7 +37,8 @@ def bytes_of(directory, step):
 
 
 def saves(args):
-    from shardrec.rank_runtime import config, init
+    from shardrec.rank_runtime.process import config
+    from shardrec.rank_runtime import init
 
     init(is_incremental_checkpoint=True, save_checkpoint_due_time=2**31 - 1, save_delta_checkpoints_secs=1)
     keys, rows, _ = workload.make_batches(1, args.batch, args.fields, args.distinct)

@@ -64,7 +64,7 @@ def _breakdown(args, stored):
     """Where shardrec's bytes per key go, from the table's own counters."""
     if args.peer != "shardrec":
         return {}
-    from shardrec.rank_runtime import config
+    from shardrec.rank_runtime.process import config
 
     c = config.get_config().tables["emb"].counters()
     counted = {"value_bytes": c.store.values, "slot_bytes": c.store.slots, "metadata_bytes": c.store.metadata,

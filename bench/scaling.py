@@ -6,7 +6,7 @@
 Alternates, `--rounds` times, one rank pinned to core 0 (`taskset -c 0`) and N ranks pinned to a core
 each (`mpiexec --bind-to core --map-by core -np N`), both with one TensorFlow thread per pool, each
 rank training its own 4096 x 26 batches (bench/sparse_step.py). Prints the median of each and the
-efficiency (N-rank aggregate / N x one rank), then the step timeline (rank_runtime/step_profile.py)
+efficiency (N-rank aggregate / N x one rank), then the step timeline (rank_runtime/pipeline/step_profile.py)
 of the round whose N-rank figure is the median: the 1-rank step beside every rank of the N-rank
 step. With --demo the same for the Wide&Deep demo (steady-state samples/s, its last 10 steps
 traced). The last line is JSON (for bench/run.py). Needs N cores.
@@ -75,7 +75,7 @@ def main(argv=None):
     efficiency = many_rate / (args.ranks * one_rate)
     median_round = sorted(rounds, key=lambda r: r[1]["ids_per_s"])[len(rounds) // 2]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from shardrec.rank_runtime.step_profile import format_columns
+    from shardrec.rank_runtime.pipeline.step_profile import format_columns
 
     columns = [("1 rank", median_round[0]["timeline"][0])]
     columns += [(f"{args.ranks}: rank {t['rank']}", t) for t in median_round[1]["timeline"]]

@@ -57,7 +57,7 @@ def main(argv=None):
                         "(bench/incremental.py)")
     p.add_argument("--timeline", type=int, default=0, metavar="N",
                    help="shardrec: N traced steps after the timed ones, split into compute, waits for each exchange, "
-                        "moving rows and the key pipeline (rank_runtime/step_profile.py); printed by rank 0")
+                        "moving rows and the key pipeline (rank_runtime/pipeline/step_profile.py); printed by rank 0")
     args = p.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
 
@@ -92,7 +92,7 @@ def main(argv=None):
     op, setup = peers.PEERS[args.peer](dataset, args.dim, args.optimizer, capacity, **extra)
     tracked = None
     if args.track_changes != "off":
-        from shardrec.rank_runtime import config
+        from shardrec.rank_runtime.process import config
 
         tracked = config.get_table("emb").index
         tracked.track_changes(True)
@@ -129,7 +129,7 @@ def main(argv=None):
             if tiers_before:
                 shares["tiers"] = _tier_summary(tiers_before, _tier_counters(args), per_window * args.windows, wall)
         if args.timeline:
-            from shardrec.rank_runtime.step_profile import StepTimeline
+            from shardrec.rank_runtime.pipeline.step_profile import StepTimeline
 
             timeline = StepTimeline()
             for _ in range(args.timeline):
@@ -140,7 +140,7 @@ def main(argv=None):
             if rank == 0:
                 print(report.format(), file=sys.stderr, flush=True)
         if args.trace_steps:
-            from shardrec.rank_runtime.step_profile import row_exchange_share, traced_run_options
+            from shardrec.rank_runtime.pipeline.step_profile import row_exchange_share, traced_run_options
 
             traced = []
             for _ in range(args.trace_steps):
@@ -150,7 +150,7 @@ def main(argv=None):
             shares["row_exchange_share"] = float(np.median(traced))
     if rank == 0:
         if args.faae:
-            from shardrec.rank_runtime import config
+            from shardrec.rank_runtime.process import config
 
             shares["table_counters"] = {k: v for k, v in config.get_table("emb").counters().as_dict().items()
                                         if k in ("admitted", "rejected", "evicted", "reused", "size", "pending")}
@@ -162,7 +162,7 @@ def main(argv=None):
                           "distinct_seen": seen, "distinct_per_batch": workload.distinct_per_batch(keys), **shares}),
               flush=True)
     if ssd_dir:
-        from shardrec.rank_runtime import config
+        from shardrec.rank_runtime.process import config
 
         config.get_table("emb").ssd.close()
         _remove(ssd_dir)
@@ -176,7 +176,7 @@ def _remove(directory):
 def _tier_counters(args):
     if args.peer != "shardrec" or not args.memory_fraction:
         return {}
-    from shardrec.rank_runtime import config
+    from shardrec.rank_runtime.process import config
 
     return config.get_table("emb").counters().as_dict()
 
@@ -197,8 +197,8 @@ def _tier_summary(before, after, steps, wall):
 def _exchange_counters(peer):
     if peer != "shardrec":
         return {}
-    from shardrec.rank_runtime.channel import Channel
-    from shardrec.rank_runtime.world import get_world
+    from shardrec.rank_runtime.formats.channel import Channel
+    from shardrec.rank_runtime.process.world import get_world
 
     return get_world().exchanges[Channel.TRAIN].counters()
 

@@ -33,10 +33,10 @@ from mx_rec.optimizers.lazy_adam import create_hash_optimizer  # noqa: E402
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer  # noqa: E402
 from mx_rec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 from shardrec.rank_runtime import export_saved_model, report, resume_checkpoint  # noqa: E402
-from shardrec.rank_runtime.logs import get_logger  # noqa: E402
-from shardrec.rank_runtime.step_profile import StepTimeline, row_exchange_share, traced_run_options  # noqa: E402
-from shardrec.rank_runtime.channel import Channel  # noqa: E402
-from shardrec.rank_runtime.world import get_world  # noqa: E402
+from shardrec.rank_runtime.process.logs import get_logger  # noqa: E402
+from shardrec.rank_runtime.pipeline.step_profile import StepTimeline, row_exchange_share, traced_run_options  # noqa: E402
+from shardrec.rank_runtime.formats.channel import Channel  # noqa: E402
+from shardrec.rank_runtime.process.world import get_world  # noqa: E402
 
 log = get_logger("shardrec.wide_deep")
 DEEP_DIM = 16
@@ -72,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--trace-steps", type=int, default=0,
                    help="trace the last N steps: the row all-to-all's share of step time, and rank 0 prints the "
                         "step timeline of every rank (compute, waits for each exchange, moving rows, the key "
-                        "pipeline; rank_runtime/step_profile.py). Traced steps are left out of samples/s")
+                        "pipeline; rank_runtime/pipeline/step_profile.py). Traced steps are left out of samples/s")
     return p.parse_args(argv)
 
 

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows, unfinished_saves
-from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
 
 def _describe(ckpt):

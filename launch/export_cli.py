@@ -98,7 +98,7 @@ def main(argv=None):
     import tensorflow as tf
 
     from shardrec.rank_runtime.serving.export import export_saved_model
-    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
     tf.compat.v1.disable_eager_execution()
     try:

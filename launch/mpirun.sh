@@ -21,7 +21,7 @@ mpiexec="$here/.venv/bin/mpiexec"
 [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec)
 # Open MPI refuses root without these; containers run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# MPI's waits yield their core to the rank's other threads (rank_runtime/host_defaults.py says why);
+# MPI's waits yield their core to the rank's other threads (rank_runtime/process/host_defaults.py says why);
 # mpiexec passes OMPI_MCA_* variables to the ranks on every host.
 export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
 args=(-np "$np" "${hostfile[@]}")

@@ -1,5 +1,5 @@
 """The Estimator users of the Rec SDK know as NPUEstimator (tf_adapter), here for CPU/GPU ranks."""
-from shardrec.rank_runtime.estimator import Estimator
+from shardrec.rank_runtime.estimator.estimator import Estimator
 
 NPUEstimator = Estimator
 

@@ -1,15 +1,15 @@
 """Reads shardrec checkpoints without TensorFlow: which ones exist, which are complete, whether
 their files still match their manifests, and every rank's rows of a table in one place.
 
-The format (layout, manifest, arrays) is rank_runtime/sparse_checkpoint.py's, which imports no
+The format (layout, manifest, arrays) is rank_runtime/formats/sparse_checkpoint.py's, which imports no
 TensorFlow; tests/test_ckpt_cli.py checks this reader against checkpoints that the Saver wrote.
 """
 import glob
 import os
 from dataclasses import dataclass, field
 
-from shardrec.rank_runtime import checkpoint_chain
-from shardrec.rank_runtime import sparse_checkpoint as fmt
+from shardrec.rank_runtime.formats import checkpoint_chain
+from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
 
 
 @dataclass

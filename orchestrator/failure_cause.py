@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 # Open MPI's tagged output (`mpiexec --output tag`): [job,rank]<stream>: text
 TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
 # A rank that failed by itself, most specific first: mpiexec saw its process die of a signal, its
-# exit hook (rank_runtime/exit_hooks.py) or MPI_ABORT named it, or Open MPI's error box did.
+# exit hook (rank_runtime/process/exit_hooks.py) or MPI_ABORT named it, or Open MPI's error box did.
 _SIGNALLED_RANK = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal")
 _OWN_WORD_RANK = (re.compile(r"MPI_ABORT was invoked on rank (\d+)"), re.compile(r"\[rank (\d+)/\d+\] (?:uncaught|exiting)"))
 _BOXED_RANK = re.compile(r"Process name: \[[^\]]*,(\d+)\]")

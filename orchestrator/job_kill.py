@@ -13,7 +13,7 @@ import os
 
 import psutil
 
-from shardrec.rank_runtime.heartbeat_format import STACKS_SIGNAL
+from shardrec.rank_runtime.formats.heartbeat_format import STACKS_SIGNAL
 
 SHM = "/dev/shm"
 _KINDS = ("sm_segment.", "vader_segment.")

@@ -4,7 +4,7 @@ rank, and restarts the whole job from the last committed checkpoint when a rank 
 One attempt:
 - `mpiexec --output tag` starts the ranks in a process session of its own; its tagged output is
   split into `<run dir>/attempt-<k>/rank-<r>.log` (rank 0's lines also go to the terminal);
-- each rank's heartbeats (rank_runtime/heartbeat.py) arrive in that output, so no shared filesystem
+- each rank's heartbeats (rank_runtime/process/heartbeat.py) arrive in that output, so no shared filesystem
   is needed; the last of each is kept in `<run dir>/attempt-<k>/heartbeat/rank-<r>.json`. A rank
   silent for `hang_timeout` seconds is frozen, dead or cut off (a whole host silent while another
   host still beats is a lost host); a rank that beats but makes no progress for as long is hung; a
@@ -37,8 +37,8 @@ import psutil
 from . import checkpoints, job_kill
 from .elastic import ElasticSpec, HostWatch
 from .failure_cause import TAGGED, Evidence, judge, lost_daemon_host, silent_host
-from shardrec.rank_runtime import heartbeat_format as beats
-from shardrec.rank_runtime.heartbeat_format import Heartbeat
+from shardrec.rank_runtime.formats import heartbeat_format as beats
+from shardrec.rank_runtime.formats.heartbeat_format import Heartbeat
 
 TAIL_LINES = 60
 MAX_RESTART_DELAY_S = 300.0
@@ -159,7 +159,7 @@ class Attempt:
                                                          beats.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
             env[beats.RESUME_ENV] = self.resume_from
-        # MPI's waits yield their core to the rank's other threads (rank_runtime/host_defaults.py says
+        # MPI's waits yield their core to the rank's other threads (rank_runtime/process/host_defaults.py says
         # why), on every host: mpiexec passes OMPI_MCA_* variables to all ranks.
         env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         # Open MPI's session files in a directory of this attempt's own, removed when it ends: a killed
@@ -305,7 +305,7 @@ class Attempt:
 
     def request_resize(self, why):
         """Asks every rank to save at the end of its current step and stop: SIGUSR2 to mpiexec, which
-        forwards it to every rank on every host (rank_runtime/resize.py). Only once every rank beat:
+        forwards it to every rank on every host (rank_runtime/process/resize.py). Only once every rank beat:
         a rank that has not installed its handler yet would die of the signal."""
         self.resizing = why
         try:
@@ -329,7 +329,7 @@ class Attempt:
 
     def _dump_stacks(self):
         """Asks every rank of this attempt that runs on this host for its threads' stacks (SIGUSR1,
-        rank_runtime/heartbeat.py), so that the logs say where a hung job was stuck."""
+        rank_runtime/process/heartbeat.py), so that the logs say where a hung job was stuck."""
         mine = {p.pid for p in self.processes()}  # never signal a pid that is not this attempt's
         asked = []
         for rank, beat in sorted(list(self.beats.items())):

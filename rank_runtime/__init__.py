@@ -7,24 +7,24 @@ before init()) ends the whole job instead of leaving its peers waiting.
 """
 import importlib
 
-from . import exit_hooks
+from .process import exit_hooks
 
 exit_hooks.install()
 
 _EXPORTS = {
-    "EmbeddingTable": ".table", "create_table": ".table",
-    "Estimator": ".estimator",
-    "FeatureSpec": ".feature_spec",
-    "GraphModifierHook": ".hooks",
-    "Saver": ".saver",
-    "get_asc_insert_func": ".key_pipeline", "start_asc_pipeline": ".key_pipeline",
-    "sparse_lookup": ".lookup",
-    "get_dense_and_sparse_variable": ".variables",
+    "EmbeddingTable": ".embedding.table", "create_table": ".embedding.table",
+    "Estimator": ".estimator.estimator",
+    "FeatureSpec": ".pipeline.feature_spec",
+    "GraphModifierHook": ".estimator.hooks",
+    "Saver": ".checkpoint.saver",
+    "get_asc_insert_func": ".pipeline.key_pipeline", "start_asc_pipeline": ".pipeline.key_pipeline",
+    "sparse_lookup": ".pipeline.lookup",
+    "get_dense_and_sparse_variable": ".embedding.variables",
     "export_saved_model": ".serving.export",
-    "get_rank_id": ".config", "get_rank_size": ".config", "get_use_dynamic_expansion": ".config", "init": ".lifecycle",
-    "get_if_load": ".config", "set_if_load": ".config",
-    "terminate_config_initializer": ".lifecycle",
-    "report": ".heartbeat", "resume_checkpoint": ".heartbeat",
+    "get_rank_id": ".process.config", "get_rank_size": ".process.config", "get_use_dynamic_expansion": ".process.config", "init": ".process.lifecycle",
+    "get_if_load": ".process.config", "set_if_load": ".process.config",
+    "terminate_config_initializer": ".process.lifecycle",
+    "report": ".process.heartbeat", "resume_checkpoint": ".process.heartbeat",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -54,7 +54,10 @@ fi
 [ "${1:-}" = "--deps-only" ] && exit 0
 
 # The native module: rebuilt whenever a source or build file changed.
-native_hash=$(cat "$root"/native/src/* "$root/setup.py" "$root/pyproject.toml" 2>/dev/null | sha256sum | cut -c1-16)
+# Every source under native/src (its rooms), named and in a fixed order, so that a file moved or
+# renamed rebuilds too.
+native_hash=$( (cd "$root" && find native/src -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done;
+  cat setup.py pyproject.toml) 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.native-stamp" 2>/dev/null)" != "$native_hash" ]; then
   log "building the native core"
   PATH="$venv/bin:$PATH" pip_ install -q --no-deps --no-build-isolation --config-settings editable_mode=lenient -e "$root"

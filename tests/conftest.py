@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf.compat.v1.disable_eager_execution()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from shardrec.rank_runtime import lifecycle  # noqa: E402
+from shardrec.rank_runtime.process import lifecycle  # noqa: E402
 
 
 def pytest_unconfigure(config):
@@ -16,7 +16,7 @@ def pytest_unconfigure(config):
     nothing else removes its segment from /dev/shm when it exits, and a test process that never
     called init() (one that ran only the native tests) would leave it."""
     if "mpi4py.MPI" in sys.modules:
-        from shardrec.rank_runtime.world import unlink_own_segments
+        from shardrec.rank_runtime.process.world import unlink_own_segments
 
         unlink_own_segments()
 

@@ -12,8 +12,9 @@ import tensorflow as tf
 import admission_oracle as oracle
 from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import batched_iterator, run_all
-from shardrec.rank_runtime import (FeatureSpec, lifecycle, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                                    sparse_lookup, start_asc_pipeline)
+from shardrec.rank_runtime.process import lifecycle
 
 sys.path.insert(0, JOBS)
 import admission_train as job  # noqa: E402
@@ -407,7 +408,7 @@ def _small_graph(access, ids):
 def _saved(tmp_path, access, ids):
     """Runs `ids` through a lookup of a table with access_threshold `access` and saves; returns
     (checkpoint path, the index's state)."""
-    from shardrec.rank_runtime.saver import Saver
+    from shardrec.rank_runtime.checkpoint.saver import Saver
 
     with tf.Graph().as_default():
         iterator, table, emb = _small_graph(access, ids)
@@ -423,7 +424,7 @@ def _saved(tmp_path, access, ids):
 
 def test_restored_checkpoint_without_counts_admits_its_keys(tmp_path):
     """A checkpoint saved before admission was on: its keys come back admitted, count 0."""
-    from shardrec.rank_runtime.saver import Saver
+    from shardrec.rank_runtime.checkpoint.saver import Saver
 
     ids = np.arange(16, dtype=np.int64).reshape(8, 2)
     path, _ = _saved(tmp_path, None, ids)
@@ -444,8 +445,8 @@ def test_restored_checkpoint_without_counts_admits_its_keys(tmp_path):
 def test_a_damaged_admission_entry_is_refused_with_the_manifest_named(tmp_path):
     import json
 
-    from shardrec.rank_runtime import sparse_checkpoint as fmt
-    from shardrec.rank_runtime.saver import Saver
+    from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.checkpoint.saver import Saver
 
     ids = np.array([[1, 1], [1, 2], [2, 3], [4, 1]], np.int64)
     path, _ = _saved(tmp_path, 3, ids)
@@ -465,8 +466,8 @@ def test_a_damaged_admission_entry_is_refused_with_the_manifest_named(tmp_path):
 
 
 def test_warm_start_brings_counts_timestamps_and_counting_keys_along(tmp_path):
-    from shardrec.rank_runtime import sparse_checkpoint as fmt
-    from shardrec.rank_runtime.warm_start import warm_start
+    from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.checkpoint.warm_start import warm_start
 
     ids = np.array([[1, 1], [1, 2], [2, 3], [4, 1], [5, 5], [5, 6], [7, 8], [2, 9]], np.int64)
     path, saved = _saved(tmp_path, 3, ids)
@@ -488,7 +489,7 @@ def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):
     final checkpoint holds exactly the oracle's keys, counts, timestamps and pending keys."""
     import os
 
-    from shardrec.rank_runtime import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
 
     check(mpiexec(2, "admission_estimator.py", tmp_path / "model", timeout=600))
     latest = tf.train.latest_checkpoint(str(tmp_path / "model"))

@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator
-from shardrec.rank_runtime import config, lifecycle, create_table, get_asc_insert_func, sparse_lookup
+from shardrec.rank_runtime.process import config, lifecycle
+from shardrec.rank_runtime import create_table, get_asc_insert_func, sparse_lookup
 
 INIT = tf.compat.v1.zeros_initializer()
 
@@ -132,7 +133,7 @@ def test_init_takes_the_rec_sdk_guides_parameters(graph):
                          recent_key_count_threshold=2, use_lccl=False, use_hot=True, use_shm_swap=False)
     assert cfg.incremental == config.IncrementalCheckpoints(full_every_s=4, delta_every_s=2)
     assert cfg.restore_model_version == 3
-    from shardrec.rank_runtime.state import STATE
+    from shardrec.rank_runtime.process.state import STATE
 
     for name in ("use_lccl", "use_hot", "use_shm_swap", "recent_key_count_threshold=2"):
         assert any(m.startswith(f"init({name}") for m in STATE.warned), STATE.warned

@@ -21,7 +21,7 @@ sys.path.insert(0, JOBS)
 
 def checkpoint_state(directory, latest_filename=None):
     """The state file as plain TensorFlow reads it (whatever shardrec installed in this process)."""
-    from shardrec.rank_runtime import checkpoint_state
+    from shardrec.rank_runtime.checkpoint import checkpoint_state
 
     return checkpoint_state.tf_get_checkpoint_state(str(directory), latest_filename)
 
@@ -122,7 +122,7 @@ def _per_rank_checkpoint_exports(tmp_path, prefixes):
 
     from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
     from shardrec.rank_runtime import create_table, export_saved_model, sparse_lookup
-    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
     def outputs(features):
         table = create_table(tf.int64, 4, "emb", tf.compat.v1.zeros_initializer())
@@ -264,7 +264,7 @@ CORRUPTIONS = [
 @pytest.mark.parametrize("damage,message", CORRUPTIONS, ids=["edited_rows", "flipped_byte", "truncated", "missing_rank",
                                                              "missing_manifest", "garbled_manifest"])
 def test_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, runtime, damage, message):
-    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
     path = _damaged_copy(saved, tmp_path, damage)
     with pytest.raises(CheckpointError, match=message):
@@ -277,7 +277,7 @@ def test_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, runtime,
                             r"\(this graph: \['GradientDescent'\]\)"),
 ], ids=["dim", "optimizer"])
 def test_checkpoint_of_another_layout_is_refused(saved, runtime, kwargs, message):
-    from shardrec.rank_runtime.sparse_checkpoint import CheckpointError
+    from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match=message):
         _restore_in_process(str(saved / "n2" / "model-10"), **kwargs)
@@ -331,7 +331,7 @@ def test_rank_0_writes_the_tables_counters_summed_over_ranks_as_tensorboard_scal
 def test_if_load_refuses_a_save_before_a_restore_and_writes_nothing(saved, tmp_path, graph):
     """init(if_load=True) (the Rec SDK's "load a trained model"): a save before any restore would
     write fresh tables over that model; it is refused, and allowed once the model is restored."""
-    from shardrec.rank_runtime import lifecycle
+    from shardrec.rank_runtime.process import lifecycle
     from mx_rec.util.initialize import ConfigInitializer, set_if_load
 
     lifecycle.init(if_load=True)
@@ -352,7 +352,8 @@ def test_if_load_refuses_a_save_before_a_restore_and_writes_nothing(saved, tmp_p
 
 
 def test_a_restarted_attempt_must_load_the_checkpoint_the_supervisor_names(saved, tmp_path, graph, monkeypatch):
-    from shardrec.rank_runtime import config, lifecycle, resume_checkpoint
+    from shardrec.rank_runtime.process import config, lifecycle
+    from shardrec.rank_runtime import resume_checkpoint
 
     monkeypatch.setenv("SHARDREC_RESUME_FROM", str(saved / "n1" / "model-10"))
     lifecycle.init()

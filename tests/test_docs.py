@@ -125,7 +125,7 @@ def test_every_command_option_the_docs_name_is_in_its_help():
 
 
 def test_the_init_reference_lists_exactly_the_parameters_init_accepts():
-    from shardrec.rank_runtime import lifecycle
+    from shardrec.rank_runtime.process import lifecycle
 
     table = text_of(os.path.join(ROOT, "docs", "reference", "init.md"))
     documented = set()

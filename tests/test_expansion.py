@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all
-from shardrec.rank_runtime import lifecycle, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
 
 sys.path.insert(0, JOBS)
 import expansion_train  # noqa: E402
@@ -235,7 +236,7 @@ def test_checkpoints_of_grown_tables_restore_into_either_kind(tmp_path, at_save,
 
 
 def test_a_bind_of_a_store_not_in_this_process_is_an_error(graph):
-    from shardrec.rank_runtime import native_ops
+    from shardrec.rank_runtime.embedding import native_ops
 
     var = tf.compat.v1.Variable(tf.zeros([2, 2]), use_resource=True)
     bind = native_ops.load().shardrec_store_bind(var.handle, tf.zeros([0, 2]), store=12345678, column=0)

@@ -91,7 +91,7 @@ def test_ids_not_from_an_iterator_name_the_lookup_and_what_was_found(runtime):
 
 
 def test_get_initializer_before_modification_and_modification_without_lookups_are_refused(runtime):
-    from shardrec.rank_runtime.graph_modifier import get_initializer, modify_graph_and_start_emb_cache
+    from shardrec.rank_runtime.pipeline.graph_modifier import get_initializer, modify_graph_and_start_emb_cache
 
     with pytest.raises(RuntimeError, match="not modified yet.*modify_graph_and_start_emb_cache"):
         get_initializer(True)
@@ -103,7 +103,7 @@ def test_get_initializer_before_modification_and_modification_without_lookups_ar
 
 def test_train_and_eval_lookups_on_one_iterator_are_refused(runtime):
     from shardrec.rank_runtime import sparse_lookup
-    from shardrec.rank_runtime.graph_modifier import modify_graph_and_start_emb_cache
+    from shardrec.rank_runtime.pipeline.graph_modifier import modify_graph_and_start_emb_cache
 
     _, batch = _iterator_batch()
     table = _table()

@@ -286,7 +286,7 @@ def test_warm_start_from_a_chain_takes_the_rows_of_its_step(runs, runtime):
 
     from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
     from shardrec.rank_runtime import create_table
-    from shardrec.rank_runtime.warm_start import warm_start
+    from shardrec.rank_runtime.checkpoint.warm_start import warm_start
 
     table = create_table(tf.int64, 4, "emb", tf.compat.v1.zeros_initializer(), device_vocabulary_size=4096)
     with tf.compat.v1.Session() as sess:
@@ -312,7 +312,7 @@ def test_warm_start_from_a_chain_takes_the_rows_of_its_step(runs, runtime):
     (["full", "delta"], 0, 0),  # max_to_keep 0 or None: everything stays
 ])
 def test_max_to_keep_lets_a_chain_go_only_whole_and_after_a_newer_full_save(kinds, keep, gone):
-    from shardrec.rank_runtime.save_schedule import old_links
+    from shardrec.rank_runtime.checkpoint.save_schedule import old_links
 
     assert old_links(kinds, keep) == gone
 
@@ -322,8 +322,9 @@ def test_a_save_after_a_warm_start_is_full(runs, graph, tmp_path):
     as a delta, is a full save, and it holds exactly what was warm-started."""
     import tensorflow as tf
 
-    from shardrec.rank_runtime import create_table, lifecycle
-    from shardrec.rank_runtime.warm_start import warm_start
+    from shardrec.rank_runtime import create_table
+    from shardrec.rank_runtime.process import lifecycle
+    from shardrec.rank_runtime.checkpoint.warm_start import warm_start
 
     lifecycle.init(is_incremental_checkpoint=True, save_checkpoint_due_time=600, save_delta_checkpoints_secs=1)
     table = create_table(tf.int64, 4, "emb", tf.compat.v1.zeros_initializer(), device_vocabulary_size=4096)

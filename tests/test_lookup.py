@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from pipeline_helpers import FeatureSpec, batched_iterator, first_seen_rank, run_all, slot_row_initializer
-from shardrec.rank_runtime import lifecycle, create_table, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, sparse_lookup, start_asc_pipeline
 
 
 def _expected(ids, rank_of):

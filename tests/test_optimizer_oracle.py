@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from mx_rec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all
-from shardrec.rank_runtime import lifecycle, create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, get_dense_and_sparse_variable, sparse_lookup, start_asc_pipeline
 
 pytestmark = pytest.mark.quick
 
@@ -164,7 +165,7 @@ def test_a_lookups_rows_stay_distinct_in_a_copy_of_the_graph(graph):
     """Distinctness is said on the op that makes a lookup's rows, not remembered by tensor: a graph
     imported from this one's GraphDef (as graph modification and meta-graph exports make) still
     knows the gradient's rows are distinct, and a tensor of the same op that is not the rows does not."""
-    from shardrec.rank_runtime.table import rows_are_distinct
+    from shardrec.rank_runtime.embedding.table import rows_are_distinct
 
     lifecycle.init()
     spec = FeatureSpec("a", table_name="emb")
@@ -181,7 +182,7 @@ def test_a_lookups_rows_stay_distinct_in_a_copy_of_the_graph(graph):
 
 
 def test_a_missing_or_foreign_op_library_says_to_run_the_set_up(tmp_path, graph):
-    from shardrec.rank_runtime import native_ops
+    from shardrec.rank_runtime.embedding import native_ops
 
     garbage = tmp_path / "tf_ops.so"
     garbage.write_bytes(b"not a shared library")
@@ -199,7 +200,7 @@ def test_a_missing_or_foreign_op_library_says_to_run_the_set_up(tmp_path, graph)
 def test_a_fused_update_leaves_an_earlier_read_of_the_table_as_it_was(graph):
     """Copy on write, as TensorFlow's own sparse kernels: a value read before the update (in the
     same run) keeps the old rows, the variable gets the new ones."""
-    from shardrec.rank_runtime import native_ops
+    from shardrec.rank_runtime.embedding import native_ops
 
     w0 = np.arange(12, dtype=np.float32).reshape(4, 3)
     var = tf.compat.v1.get_variable("w", initializer=w0, use_resource=True)

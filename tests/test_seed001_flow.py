@@ -12,7 +12,7 @@ from mx_rec.core.embedding import create_table, sparse_lookup
 from mx_rec.optimizers.lazy_adam import create_hash_optimizer
 from mx_rec.util.initialize import get_rank_id, get_use_dynamic_expansion, init, terminate_config_initializer
 from mx_rec.util.variable import get_dense_and_sparse_variable
-from shardrec.rank_runtime import config
+from shardrec.rank_runtime.process import config
 
 BATCH = 32
 

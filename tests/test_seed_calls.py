@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from pipeline_helpers import FeatureSpec, batched_iterator, run_all, slot_row_initializer
-from shardrec.rank_runtime import lifecycle, create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, get_asc_insert_func, sparse_lookup, start_asc_pipeline
 
 
 @pytest.fixture

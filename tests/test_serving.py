@@ -119,7 +119,7 @@ def test_a_job_restored_into_one_rank_predicts_and_exports_the_same(trained, tmp
 def test_an_export_refuses_an_existing_directory_a_damaged_checkpoint_and_an_unknown_feature(trained, tmp_path):
     from estimator_flow import serving_outputs
 
-    from shardrec.rank_runtime import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
     from shardrec.rank_runtime.serving.export import export_saved_model
 
     d, ranks = trained

@@ -2,7 +2,7 @@
 import pytest
 import tensorflow as tf
 
-from shardrec.rank_runtime.step_profile import row_exchange_share
+from shardrec.rank_runtime.pipeline.step_profile import row_exchange_share
 
 
 def _metadata(nodes):
@@ -32,13 +32,13 @@ def test_share_needs_a_traced_step():
 
 
 def _step(compute=(), inputs=(), exchanges=None):
-    from shardrec.rank_runtime.step_profile import TracedStep
+    from shardrec.rank_runtime.pipeline.step_profile import TracedStep
 
     return TracedStep(tuple(compute), tuple(inputs), dict(exchanges or {}))
 
 
 def test_a_step_is_cut_into_parts_that_add_up_to_its_span():
-    from shardrec.rank_runtime.step_profile import split_step
+    from shardrec.rank_runtime.pipeline.step_profile import split_step
 
     # [0, 10) waiting for the batch; compute [10, 40) and [90, 100); the row exchange [30, 90),
     # the last rank reaching it at 60: [40, 60) waiting for that rank, [60, 90) moving rows (its
@@ -56,7 +56,7 @@ def test_a_step_is_cut_into_parts_that_add_up_to_its_span():
 
 
 def test_a_wait_hidden_behind_compute_costs_nothing_and_labels_group_collectives():
-    from shardrec.rank_runtime.step_profile import split_step
+    from shardrec.rank_runtime.pipeline.step_profile import split_step
 
     step = _step(compute=[(0, 100)], exchanges={"hvd_a": (10, 50), "hvd_b": (60, 120)})
     split = split_step(step, {"hvd_a": 40, "hvd_b": 110}, {"hvd_a": "Horovod", "hvd_b": "Horovod"})
@@ -65,7 +65,7 @@ def test_a_wait_hidden_behind_compute_costs_nothing_and_labels_group_collectives
 
 
 def test_a_timeline_table_puts_ranks_side_by_side():
-    from shardrec.rank_runtime.step_profile import format_columns
+    from shardrec.rank_runtime.pipeline.step_profile import format_columns
 
     def rank(r, wait):
         return {"rank": r, "steps": 10, "step_ms": 9.0, "cpu_ms": 8.5, "input_bound_steps": r,

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from mpi_helpers import JOBS, segments_left_behind
 from shardrec.orchestrator.job_kill import segments_now as shm_segments_now
-from shardrec.rank_runtime.heartbeat_format import Heartbeat
+from shardrec.rank_runtime.formats.heartbeat_format import Heartbeat
 from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
                                 train)
 

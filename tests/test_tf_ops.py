@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shardrec.rank_runtime import native_ops
+from shardrec.rank_runtime.embedding import native_ops
 
 pytestmark = pytest.mark.quick
 
@@ -75,8 +75,8 @@ def test_a_row_exchange_without_a_communicator_says_to_start_the_pipeline(graph)
 
 
 def test_row_exchange_on_one_rank_returns_the_rows_and_its_gradient_sends_them_back(runtime):
-    from shardrec.rank_runtime.channel import Channel, RowExchangeName
-    from shardrec.rank_runtime.world import get_world
+    from shardrec.rank_runtime.formats.channel import Channel, RowExchangeName
+    from shardrec.rank_runtime.process.world import get_world
 
     exchange = RowExchangeName("unit", "f", Channel.TRAIN, 0)
     assert (exchange.rows, exchange.gradients) == ("unit/f/train#0", "unit/f/train#0 gradients")

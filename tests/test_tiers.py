@@ -16,7 +16,9 @@ import tensorflow as tf
 from mpi_helpers import JOBS, check, mpiexec
 from pipeline_helpers import FeatureSpec, batched_iterator
 from shardrec.native import core as native
-from shardrec.rank_runtime import lifecycle, create_table, start_asc_pipeline, tiers
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, start_asc_pipeline
+from shardrec.rank_runtime.embedding import tiers
 
 sys.path.insert(0, JOBS)
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shardrec.rank_runtime import lifecycle, create_table, init
-from shardrec.rank_runtime.warm_start import warm_start
+from shardrec.rank_runtime.process import lifecycle
+from shardrec.rank_runtime import create_table, init
+from shardrec.rank_runtime.checkpoint.warm_start import warm_start
 
 TABLES = ("user_table", "item_table")
 

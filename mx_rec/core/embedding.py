@@ -1,4 +1,4 @@
-from shardrec.rank_runtime.lookup import sparse_lookup
-from shardrec.rank_runtime.table import create_table
+from shardrec.rank_runtime.pipeline.lookup import sparse_lookup
+from shardrec.rank_runtime.embedding.table import create_table
 
 __all__ = ["create_table", "sparse_lookup"]

@@ -1,7 +1,7 @@
-from shardrec.rank_runtime.config import (get_config, get_if_load, get_rank_id, get_rank_size,
+from shardrec.rank_runtime.process.config import (get_config, get_if_load, get_rank_id, get_rank_size,
                                           get_use_dynamic_expansion, set_if_load)
-from shardrec.rank_runtime.lifecycle import init, terminate_config_initializer
-from shardrec.rank_runtime.graph_modifier import get_initializer
+from shardrec.rank_runtime.process.lifecycle import init, terminate_config_initializer
+from shardrec.rank_runtime.pipeline.graph_modifier import get_initializer
 
 __all__ = ["ConfigInitializer", "get_if_load", "get_initializer", "get_rank_id", "get_rank_size",
            "get_use_dynamic_expansion", "init", "set_if_load", "terminate_config_initializer"]

@@ -19,11 +19,11 @@ import time
 
 import tensorflow as tf
 
-from .. import config
-from ..logs import get_logger
+from ..process import config
+from ..process.logs import get_logger
 from ..validation import INT32_MAX, check_bool, check_int
-from ..channel import Channel
-from ..world import get_world
+from ..formats.channel import Channel
+from ..process.world import get_world
 from .steps import follow_global_step
 
 log = get_logger("shardrec.eviction")

@@ -7,8 +7,8 @@ batches (or that has none) keeps the count of the batches looked up, and saves t
 """
 import tensorflow as tf
 
-from ..channel import Channel
-from ..world import get_world
+from ..formats.channel import Channel
+from ..process.world import get_world
 
 
 def counts_keys(tables) -> bool:

@@ -9,8 +9,8 @@ the keys whose last-seen data timestamp is at least e seconds older than the new
 """
 from dataclasses import dataclass
 
-from ..channel import Channel
-from ..row_store import row_init
+from ..formats.channel import Channel
+from ..embedding.row_store import row_init
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Sparse Adagrad (accum += g^2; row -= lr * g / sqrt(accum)): one fused pass over the distinct rows."""
 import tensorflow as tf
 
-from .. import native_ops
+from ..embedding import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 from tensorflow.python.ops import init_ops, init_ops_v2
 from tensorflow.python.training import optimizer as optimizer_lib
 
-from .. import config
-from ..table import SPARSE_TABLES_COLLECTION, EmbeddingTable, rows_are_distinct, table_of_variable
+from ..process import config
+from ..embedding.table import SPARSE_TABLES_COLLECTION, EmbeddingTable, rows_are_distinct, table_of_variable
 from ..validation import check_number
 
 

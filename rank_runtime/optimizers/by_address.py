@@ -11,7 +11,7 @@ is the IndexedSlices gradient of the table at those addresses.
 """
 import tensorflow as tf
 
-from .. import config
+from ..process import config
 from ..constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET
 from ..validation import check_number
 from .adagrad import SparseAdagrad

@@ -2,7 +2,7 @@
 the distinct rows and their two slots."""
 import tensorflow as tf
 
-from .. import native_ops
+from ..embedding import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 

@@ -2,7 +2,7 @@
 rows; a gradient with repeated rows (summed over lookups) is deduplicated first."""
 import tensorflow as tf
 
-from .. import native_ops
+from ..embedding import native_ops
 from .base import SparseOptimizerMixin, check_learning_rate
 
 _SGD = tf.compat.v1.train.GradientDescentOptimizer

@@ -6,7 +6,7 @@ vocabulary); here one fused kernel updates each distinct row and its two moments
 """
 import tensorflow as tf
 
-from .. import native_ops
+from ..embedding import native_ops
 from ..validation import check_number
 from .base import SparseOptimizerMixin, check_learning_rate
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from ..feature_spec import FeatureSpec
-from ..logs import get_logger
-from ..sparse_checkpoint import CheckpointError, move_into_place
+from ..pipeline.feature_spec import FeatureSpec
+from ..process.logs import get_logger
+from ..formats.sparse_checkpoint import CheckpointError, move_into_place
 from .saved_rows import SavedTables, saved_tables
 from .stock_table import StockTable
 

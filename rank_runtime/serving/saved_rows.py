@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checkpoint_chain import Link, read_chain_table, resolve, surviving, table_keys
-from ..sparse_checkpoint import DELTA, CheckpointError, find_shards, read_manifest, sparse_dir
-from ..logs import get_logger
+from ..formats.checkpoint_chain import Link, read_chain_table, resolve, surviving, table_keys
+from ..formats.sparse_checkpoint import DELTA, CheckpointError, find_shards, read_manifest, sparse_dir
+from ..process.logs import get_logger
 
 log = get_logger("shardrec.serving")
 

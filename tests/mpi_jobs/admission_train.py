@@ -36,8 +36,8 @@ from mx_rec.core.feature_process import EvictHook
 from mx_rec.optimizers.gradient_descent import create_hash_optimizer
 from mx_rec.util.initialize import get_rank_id, get_rank_size, init, terminate_config_initializer
 from mx_rec.util.variable import get_dense_and_sparse_variable
-from shardrec.rank_runtime.channel import Channel
-from shardrec.rank_runtime.world import get_world
+from shardrec.rank_runtime.formats.channel import Channel
+from shardrec.rank_runtime.process.world import get_world
 
 GLOBAL_BATCH, IDS_PER_SAMPLE, DIM, STEPS = 48, 2, 4, 40
 INIT = 0.25

@@ -267,9 +267,9 @@ def extra_lookup():
 
 
 def row_splits_disagree():
-    from shardrec.rank_runtime import native_ops
-    from shardrec.rank_runtime.channel import Channel, RowExchangeName
-    from shardrec.rank_runtime.world import get_world
+    from shardrec.rank_runtime.embedding import native_ops
+    from shardrec.rank_runtime.formats.channel import Channel, RowExchangeName
+    from shardrec.rank_runtime.process.world import get_world
 
     init()
     rank = get_rank_id()
@@ -297,7 +297,7 @@ if __name__ == "__main__":
             raise RuntimeError("rank 1 fails before init()")
         init()
         say("RESULT rank=0 initialised")
-        get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world
+        get_world = __import__("shardrec.rank_runtime.process.world", fromlist=["get_world"]).get_world
         get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
     elif MODE in ("mpi_raise_before_init", "mpi_exit_before_init"):
         from mpi4py import MPI
@@ -308,7 +308,7 @@ if __name__ == "__main__":
             open("/nonexistent/shardrec-test-data.csv")
         init()
         say("RESULT rank=0 initialised")
-        get_world = __import__("shardrec.rank_runtime.world", fromlist=["get_world"]).get_world
+        get_world = __import__("shardrec.rank_runtime.process.world", fromlist=["get_world"]).get_world
         get_world().sum_over_ranks(1, "waiting for rank 1", timeout=100)
     elif MODE in ("eval_one_rank", "step_one_rank"):
         one_rank_only(is_training=MODE == "step_one_rank")

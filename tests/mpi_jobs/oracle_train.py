@@ -17,8 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from shardrec.rank_runtime import (FeatureSpec, lifecycle, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
-                          get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline)
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+                                   get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline)
+from shardrec.rank_runtime.process import lifecycle
 
 GLOBAL_BATCH, STEPS, FIELDS, DIM, DENSE = 16, 40, 3, 4, 4
 OPTIMIZERS = {"sgd": lambda: gradient_descent.create_hash_optimizer(0.1),

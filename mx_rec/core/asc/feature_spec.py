@@ -1,3 +1,3 @@
-from shardrec.rank_runtime.feature_spec import FeatureSpec
+from shardrec.rank_runtime.pipeline.feature_spec import FeatureSpec
 
 __all__ = ["FeatureSpec"]

@@ -1,3 +1,3 @@
-from shardrec.rank_runtime.key_pipeline import start_asc_pipeline
+from shardrec.rank_runtime.pipeline.key_pipeline import start_asc_pipeline
 
 __all__ = ["start_asc_pipeline"]

@@ -1,0 +1,117 @@
+"""When an incremental job saves, and whether a save is a full checkpoint or a delta (init's
+save_checkpoint_due_time and save_delta_checkpoints_secs), agreed by every rank.
+
+Every rank holds a part of every table, so every rank must save at the same global step, and all
+of them the same kind of save. Clocks do not give that (two ranks pass a given second at different
+steps), so rank 0's clock decides and the others follow: each save's plan (full or delta, the
+save's id, and the global step of the next save, from rank 0's steps per second since the last
+save) goes to every rank in one small collective inside the save, which is collective anyway. Until
+the first save the next step is the first one seen. MonitoredTrainingSession's and the Estimator's
+CheckpointSaverHook follow the plan (AgreedSaveTimer replaces their timer); a plain Session loop
+calls Saver.maybe_save after each step.
+
+A full save is due once save_checkpoint_due_time seconds have passed since the last full one; a
+save is also full when the job has none to build on: the first save of a Saver, the first after a
+restore, and the first after a save that failed on any rank.
+"""
+import time
+import uuid
+from dataclasses import dataclass
+
+from ..process import config
+from .rank_agreement import AGREE_TIMEOUT_S
+from ..formats.sparse_checkpoint import DELTA, FULL, SaveKind, SaveRef
+from ..process.world import get_world
+
+
+@dataclass
+class Chain:
+    """The saves a delta of this Saver builds on: the full one, and the last one."""
+    base: SaveRef
+    previous: SaveRef
+    full_time: float  # time.monotonic() of the base's save
+    step: int  # the last save's global step
+    time: float  # and when it was taken
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    kind: SaveKind
+    next_step: int  # the global step of the next save (AgreedSaveTimer, Saver.maybe_save)
+
+    @property
+    def delta(self) -> bool:
+        return self.kind.kind == DELTA
+
+
+def plan_save(settings: config.IncrementalCheckpoints, chain, step: int, save_delta, must_be_full: bool) -> SavePlan:
+    """This save's plan, the same on every rank: rank 0's, except that a delta becomes a full save
+    when any rank has nothing to build it on (no chain, or must_be_full: a table emptied since, by a
+    restore or a warm start). save_delta: True / False as the caller asks, None as the timers say."""
+    now = time.monotonic()
+    can_delta = chain is not None and not must_be_full
+    if not can_delta:
+        delta = False
+    elif save_delta is None:
+        delta = now - chain.full_time < settings.full_every_s
+    else:
+        delta = bool(save_delta)
+    rate = None
+    if chain is not None and step > chain.step and now > chain.time:
+        rate = (step - chain.step) / (now - chain.time)
+    ahead = max(1, int(rate * settings.delta_every_s)) if rate else 1
+    mine = f"{int(delta)} {int(can_delta)} {uuid.uuid4().hex} {step + ahead}"
+    texts = [mine]
+    if config.get_config().size > 1:
+        texts = get_world().gather_texts(mine, f"Saver.save (step {step}): the save's plan", AGREE_TIMEOUT_S)
+    delta, _, save_id, next_step = texts[0].split()
+    if int(delta) and all(int(text.split()[1]) for text in texts):
+        kind = SaveKind(DELTA, save_id, chain.base, chain.previous)
+    else:
+        kind = SaveKind(FULL, save_id)
+    return SavePlan(kind, int(next_step))
+
+
+def old_links(kinds: list, keep) -> int:
+    """How many of the oldest saves (`kinds`, oldest first) max_to_keep=`keep` lets go: the oldest
+    save goes with the deltas right after it, which build on it, and only when none of them is
+    among the `keep` newest. keep 0 or None: every save is kept."""
+    if not keep:
+        return 0
+    gone = 0
+    while len(kinds) - gone > keep:
+        end = gone + 1
+        while end < len(kinds) and kinds[end] == DELTA:
+            end += 1
+        if end > len(kinds) - keep:
+            break
+        gone = end
+    return gone
+
+
+class AgreedSaveTimer:
+    """CheckpointSaverHook's timer in an incremental job: it triggers at the step the last save's
+    plan named (SavePlan.next_step), which every rank knows, instead of at a time of its own."""
+
+    def __init__(self, hook):
+        self._hook = hook
+        self._last = None
+
+    def _next_step(self):
+        return getattr(self._hook._get_saver(), "next_save_step", None)
+
+    def should_trigger_for_step(self, step):
+        if step == self._last:
+            return False
+        wanted = self._next_step()
+        return wanted is None or step >= wanted
+
+    def update_last_triggered_step(self, step):
+        self._last = step
+        return None, None
+
+    def last_triggered_step(self):
+        return self._last
+
+    def reset(self):
+        self._last = None

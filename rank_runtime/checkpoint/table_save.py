@@ -1,0 +1,68 @@
+"""A table shard's rows on their way out: to a checkpoint's files (table_writer, written by the
+native core a chunk at a time, from memory and the SSD tier), or to numpy (read_table_rows, for
+table.export and shardrec-ckpt). Keys and rows are taken under one hold of the index's lock: the
+input pipeline, which may move rows between tiers, waits.
+"""
+import os
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from ..process.logs import get_logger
+from ..formats.sparse_checkpoint import REMOVED, TableFiles, admission_arrays, array_entry, write_array
+
+log = get_logger("shardrec.saver")
+
+# Rows per chunk on the way from the row store to a checkpoint file: with dim 64 and lazy Adam, 4 MiB.
+SAVE_CHUNK_ROWS = 16384
+# The step of a save without global_step: the index as it is.
+NO_STEP = 2**62
+
+
+def read_table_rows(sess, table) -> Dict[str, np.ndarray]:
+    """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
+    from the native row store (no session run; `sess` is kept for callers)."""
+    names = list(table.columns)
+    state, columns = table.index.snapshot([table.columns[n] for n in names])
+    return {"keys": state.keys, **dict(zip(names, columns))}
+
+
+def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[str], TableFiles]:
+    """write_shard's writer for one table: its keys, and its values and slot rows written by the
+    native core straight from the store and the SSD tier into the files. With admission, the keys'
+    counts and timestamps and the keys still counting, as of training step `step` (the batches the
+    input pipeline looked up beyond it taken back, embedding_index.h; admission/steps.py says
+    when), so that a restore at `step` goes on exactly as this run does. step None: the index as it is.
+    mode: "plain", "full" (an incremental job's full save: what changed is forgotten) or "delta"
+    (the rows that changed since the previous save, and the keys removed since)."""
+    def write(folder):
+        names = list(table.columns)
+        counts = table.thresholds is not None and table.thresholds.counts
+        as_of = (NO_STEP if step is None else step) if counts else None
+        state, digests = table.index.save_columns([table.columns[n] for n in names],
+                                                  [os.path.join(folder, f"{n}.npy") for n in names], as_of,
+                                                  SAVE_CHUNK_ROWS, mode)
+        keys = state.keys
+        files = {"keys": write_array(folder, "keys", keys)}
+        for name, (nbytes, crc) in zip(names, digests):
+            files[name] = array_entry(f"{name}.npy", nbytes, crc, "<f4", (len(keys), table.dim))
+        admission = None
+        if counts:
+            if not state.exact:
+                log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline "
+                            "looked up beyond it (more than the index keeps a journal of); a restore counts them "
+                            "twice", table.table_name, step)
+            arrays = admission_arrays(state)
+            for name, array in arrays.items():
+                files[name] = write_array(folder, name, array)
+            admission = {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
+                         "newest": state.newest, "pending_rows": len(arrays["pending_keys"])}
+        removed = None
+        if mode == "delta":
+            files[REMOVED] = write_array(folder, REMOVED, state.removed)
+            removed = len(state.removed)
+        return TableFiles(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
+                          optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
+                          files=files, admission=admission, removed_rows=removed)
+
+    return write

@@ -1,0 +1,124 @@
+"""shardrec's TensorFlow op library (native/src/tf_*.cc, built by the set-up next to the pybind11
+core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels, a lookup's row
+gathers with their gradient, and the binding of table variables to their native row stores.
+
+Loaded on first use; a missing library, or one built against another TensorFlow, stops with an
+error that says how to rebuild it instead of a bare dlopen message.
+"""
+import ctypes
+import functools
+import glob
+import os
+
+import tensorflow as tf
+
+from ..process.state import STATE
+
+REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` target), which rebuilds it for the " \
+          "installed TensorFlow"
+KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
+           "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
+           "shardrec_store_bind", "shardrec_row_alltoall")
+
+
+def library_path() -> str:
+    from ... import native
+
+    found = sorted(p for d in native.__path__ for p in glob.glob(os.path.join(d, "tf_ops*.so")))
+    if not found:
+        raise RuntimeError(f"shardrec's TensorFlow op library (tf_ops*.so) is not in {list(native.__path__)}: {REBUILD}")
+    return found[-1]
+
+
+def load(path: str | None = None):
+    """The op library's Python module (its ops as functions); `path` for tests."""
+    path = path or library_path()
+    if path not in STATE.op_libraries:
+        try:
+            module = tf.load_op_library(path)
+        except (tf.errors.NotFoundError, OSError) as e:
+            raise RuntimeError(f"shardrec's TensorFlow op library {path} cannot be loaded into TensorFlow "
+                               f"{tf.__version__} ({str(e).strip()}): {REBUILD}") from None
+        missing = [k for k in KERNELS if not hasattr(module, k)]
+        if missing:
+            raise RuntimeError(f"{path} is not shardrec's op library for this version (no {', '.join(missing)}): "
+                               f"{REBUILD}")
+        STATE.op_libraries[path] = module
+    return STATE.op_libraries[path]
+
+
+@functools.lru_cache(maxsize=None)
+def _c_library():
+    """The same library as C functions (dlopen of the loaded file returns the loaded library)."""
+    load()
+    lib = ctypes.CDLL(library_path())
+    for fn in (lib.shardrec_store_register, lib.shardrec_store_unregister):
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
+    lib.shardrec_comm_register.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.shardrec_comm_register.restype = ctypes.c_int
+    return lib
+
+
+def register_comm(exchange: str, handle: int) -> None:
+    """The row exchange kernels named `exchange` use the communicator whose Fortran handle is `handle`."""
+    _c_library().shardrec_comm_register(exchange.encode(), handle)
+
+
+def register_store(store) -> None:
+    """Lets the op library's kernels find `store` (a native RowStore) by its address; it keeps the
+    store alive until unregister_store."""
+    _c_library().shardrec_store_register(store.address)
+
+
+def unregister_store(store) -> None:
+    _c_library().shardrec_store_unregister(store.address)
+
+
+def store_bind(variable: tf.Variable, store, column: int, initial: tf.Tensor) -> tf.Operation:
+    """The initializer of a table variable (or slot) bound to `column` of `store`."""
+    return load().shardrec_store_bind(variable.handle, initial, store=store.address, column=column)
+
+
+def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tensor | None = None,
+                        channel: int = 0) -> tf.Tensor:
+    """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
+    reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`). `ticket`
+    ([1] int32, the key pipeline's batch on `channel`, a channel.Channel) tells the table's row store
+    that the batch's rows are read (native/src/storage/residency.h)."""
+    if ticket is None:
+        ticket = tf.zeros([1], tf.int32)
+    return load().shardrec_variable_row_gather(variable.handle, index, ticket, dim=int(variable.shape[1]),
+                                               channel=int(channel))
+
+
+def row_alltoall(rows: tf.Tensor, send_splits: tf.Tensor, recv_splits: tf.Tensor, exchange: str, timeout_s: float,
+                 gradient: str | None = None) -> tf.Tensor:
+    """Sends send_splits[r] rows to rank r and receives recv_splits[r] from it, on the communicator
+    registered as `exchange` (world.py); returns the rows received, by rank. Its gradient sends the
+    gradients back the same way on the exchange named `gradient` (required where a gradient is taken)."""
+    return load().shardrec_row_alltoall(rows, send_splits, recv_splits, exchange=exchange, timeout_s=timeout_s,
+                                        gradient=gradient or "")
+
+
+@tf.RegisterGradient("ShardrecRowAlltoall")
+def _row_alltoall_grad(op, grad):
+    gradient = op.get_attr("gradient").decode()
+    if not gradient:
+        raise LookupError(f"{op.name}: this row exchange was built without a gradient exchange (an evaluation "
+                          "lookup); no gradient flows through it")
+    # The way back: each rank returns what it received and receives what it sent.
+    back = load().shardrec_row_alltoall(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1], exchange=gradient,
+                                        timeout_s=op.get_attr("timeout_s"))
+    return back, None, None
+
+
+def row_gather(rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """rows[index] for a 2-D float32 `rows`, in parallel over the output rows; its gradient is the
+    dense sum per row of `rows` (what TensorFlow's gather + unsorted segment sum give)."""
+    return load().shardrec_row_gather(rows, index)
+
+
+@tf.RegisterGradient("ShardrecRowGather")
+def _row_gather_grad(op, grad):
+    rows, index = op.inputs
+    return load().shardrec_row_gather_grad(grad, index, tf.shape(rows, out_type=tf.int32)[0]), None

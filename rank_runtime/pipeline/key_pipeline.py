@@ -1,0 +1,268 @@
+"""The key pipeline: what ``dataset.map(get_asc_insert_func(...))`` inserts into a dataset.
+
+For every batch and every FeatureSpec it adds the feature's routing (routing.py: the distinct
+local rows this rank gathers for its peers, the index that expands them to one row per received
+key, the receive splits of the row all-to-all, and the restore indices that put the returned rows
+in batch order) to the batch. The work is one native call per batch (dedup, MPI all-to-all of the
+keys, index lookup; GIL released); nothing in Python touches single keys.
+
+Features are matched between ranks by name: each insert function hands its features to the
+native exchange sorted by name, and every batch's status round carries a signature of the
+feature list (names, tables, dims, key dtypes, send_count), so ranks that disagree stop at the
+first batch with an error naming the first difference instead of training the wrong rows.
+
+Every rank must see the same number of batches, or a collective waits (until the exchange's
+timeout). A map function never learns that its input ended, so ``Dataset.map`` is wrapped (by
+init(), tf_patches.py) to recognise an insert function and build, instead of a plain map: the
+data, then one end marker, then the key exchange, then ``take_while``. A rank that reaches its
+marker tells the others inside the same exchange round, and every rank's dataset ends at that same
+batch. The map runs sequentially (no num_parallel_calls): rows are allocated in batch order and
+the collectives of all ranks match.
+
+Admission and eviction (admission/): a training insert function may carry one is_timestamp
+FeatureSpec; its values (int64 seconds, one per sample) go into the exchange with the ids, and the
+owner of each key counts its occurrences and keeps its newest timestamp.
+
+After an exchange error (an overflowing send_count, a full table, an id outside its key dtype,
+features that differ, a rank that did not arrive in time) the channel stops on every rank: each
+later batch of that channel raises the same error, on every rank, without a collective. A
+script that catches the error and goes on therefore stays in step; to train again, fix the cause
+and restart the job.
+"""
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from ..process import config, heartbeat, resize
+from ..formats.channel import Channel
+from ..admission.thresholds import Thresholds, configure_tables
+from .feature_spec import FeatureSpec
+from ..process.logs import get_logger, warn_once
+from .routing import FeatureRouting
+from ..embedding.tiers import check_datasets
+from ..validation import check_bool, check_type
+from ..process.world import get_world
+
+log = get_logger("shardrec.pipeline")
+
+
+class _BatchKeyProcessor:
+    """Runs inside tf.numpy_function: one call per batch for all features of an insert function."""
+
+    def __init__(self, specs, channel, graph, timestamp):
+        self.specs = specs  # sorted by name: the order every rank uses
+        self.channel = channel
+        self.timestamp = timestamp  # the is_timestamp FeatureSpec whose values come last, or None
+        # The graph the dataset was built in: the tables are looked up there when the first batch
+        # runs (the user guide's Session example builds the dataset before it creates the tables).
+        self.graph = weakref.ref(graph)
+        self.batches = 0
+        self._features = None
+        self._evicting = []
+
+    def _feature_set(self, cfg, graph):
+        if self._features is None:
+            from ...native import core as native_core
+
+            state = cfg.graph_state(graph)
+            tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
+            send_counts = [0 if cfg.use_dynamic else state.send_counts.get((s.name, self.channel), 0)
+                           for s in self.specs]
+            lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
+                     f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()})"
+                     for s, t, c in zip(self.specs, tables, send_counts)]
+            if self.timestamp is not None:
+                lines.append(f"timestamps '{self.timestamp.name}'")
+            self._evicting = [t for t in tables if t.thresholds is not None and t.thresholds.evicts]
+            if heartbeat.active():
+                heartbeat.watch_tables({t.table_name: t for t in tables})
+            self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
+                                                        send_counts, [t.key_dtype == tf.int32 for t in tables],
+                                                        "\n".join(lines),
+                                                        self.timestamp.name if self.timestamp is not None else "")
+        return self._features
+
+    def __call__(self, is_end, *key_arrays):
+        timestamps = None
+        if self.timestamp is not None:
+            *key_arrays, timestamps = key_arrays
+            timestamps = np.ascontiguousarray(timestamps, np.int64).reshape(-1)
+        cfg = config.get_config()
+        graph = self.graph()
+        if graph is None or not cfg.graph_state(graph).pipeline_started:
+            raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
+                               "modify_graph_and_start_emb_cache()) after building the graph and before running it")
+        exchange = get_world().exchanges[self.channel]
+        features = self._feature_set(cfg, graph)
+        evictions = exchange.counters().evictions if self._evicting else 0
+        # A resize the supervisor asked for ends the training input here, on every rank (resize.py).
+        stop = self.channel == Channel.TRAIN and resize.requested()
+        result = exchange.run(features, list(key_arrays), not (bool(is_end) or stop), timestamps)
+        if self._evicting and exchange.counters().evictions != evictions:
+            self._log_eviction(exchange)
+        if result.ended and stop:
+            resize.stop(self.batches)
+            self.batches = 0
+        elif result.ended:
+            ended = exchange.ranks_out_of_data
+            if self.batches == 0:
+                log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "
+                            "batches; give every rank data (a shard of the dataset each)", self.channel.label, ended)
+            else:
+                log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the "
+                         "same batch", self.channel.label, "this rank has no more" if is_end else "another rank ran out",
+                         self.batches, ended)
+            self.batches = 0
+        else:
+            self.batches += 1
+            heartbeat.batches_exchanged(self.channel, self.batches)
+        # The native routing's fields, by the names the dataset element files them under (routing.py).
+        return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
+
+    def _log_eviction(self, exchange):
+        step = exchange.counters().last_eviction_step
+        log.info("eviction at step %d (before batch %d's keys): %s", step, step + 1, "; ".join(
+            f"table {t.table_name}: " + ", ".join(f"{k} {v}" for k, v in t.admission_counters().as_dict().items())
+            for t in self._evicting))
+
+
+def _end_marker(element_spec):
+    """One element shaped like the data (unknown dimensions as 0), flagged as the end."""
+    def zeros(spec):
+        if not isinstance(spec, tf.TensorSpec):
+            raise TypeError(f"get_asc_insert_func: dataset elements must be dicts of dense tensors, got {spec}")
+        shape = [0 if d is None else d for d in spec.shape.as_list()]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+    return tf.nest.map_structure(zeros, element_spec)
+
+
+class InsertFunction:
+    """What get_asc_insert_func returns; ``dataset.map`` recognises it (see the module doc)."""
+
+    def __init__(self, specs, is_training):
+        stamps = [s for s in specs if s.is_timestamp]
+        self.specs = sorted((s for s in specs if not s.is_timestamp), key=lambda s: s.name)
+        self.channel = Channel.of(is_training)
+        self.timestamp = _timestamp_spec(self.specs, stamps, is_training)
+        graph = tf.compat.v1.get_default_graph()
+        self._processor = _BatchKeyProcessor(self.specs, self.channel, graph, self.timestamp)
+        config.get_config().graph_state(graph).insert_functions.append(self)
+
+    def __call__(self, batch):
+        raise TypeError("the function from get_asc_insert_func must be applied with dataset.map(insert_fn)")
+
+    def _check_element(self, element_spec):
+        if not isinstance(element_spec, dict):
+            raise TypeError("get_asc_insert_func: dataset elements must be dicts of feature name to tensor, "
+                            f"got {element_spec}")
+        for spec in self.specs:
+            if spec.index_key not in element_spec:
+                raise KeyError(f"get_asc_insert_func: feature {spec.name!r} reads dataset key {spec.index_key!r}, "
+                               f"which the dataset does not have; it has: {sorted(map(str, element_spec))}")
+            dtype = element_spec[spec.index_key].dtype
+            if dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"get_asc_insert_func: feature {spec.name!r} has ids of dtype {dtype.name}; "
+                                "ids must be int32 or int64")
+        if self.timestamp is not None:
+            key = self.timestamp.index_key
+            if key not in element_spec:
+                raise KeyError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} reads dataset key "
+                               f"{key!r}, which the dataset does not have; it has: {sorted(map(str, element_spec))}")
+            spec = element_spec[key]
+            if spec.dtype != tf.int64 or not _one_per_sample(spec.shape):
+                raise TypeError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} is "
+                                f"{spec.dtype.name} of shape {spec.shape}; timestamps must be int64 seconds of shape "
+                                "[batch] or [batch, 1] (one per sample)")
+
+    def _exchange(self, batch, is_end):
+        batch = dict(batch)
+        keys = [batch[spec.index_key] for spec in self.specs]
+        stamps = [] if self.timestamp is None else [batch[self.timestamp.index_key]]
+        width = len(FeatureRouting.names())
+        outs = tf.numpy_function(self._processor, [is_end] + keys + stamps,
+                                 [tf.bool] + [tf.int32] * (width * len(self.specs)),
+                                 stateful=True, name="shardrec_key_exchange")
+        stop = tf.reshape(outs[0], [])
+        size = config.get_config().size
+        for i, spec in enumerate(self.specs):
+            routing = FeatureRouting(*outs[1 + width * i:1 + width * (i + 1)])
+            routing.with_static_shapes(size, keys[i].shape.num_elements()).file_into(batch, spec.name)
+        return batch, stop
+
+    def apply(self, dataset, num_parallel_calls=None, deterministic=None, name=None):
+        self._check_element(dataset.element_spec)
+        if num_parallel_calls is not None:
+            log.warning("dataset.map(insert_fn, num_parallel_calls=%s): the key pipeline runs sequentially "
+                        "so that every rank's exchanges stay in step", num_parallel_calls)
+        marked = dataset.map(lambda batch: (batch, False))
+        marked = marked.concatenate(tf.data.Dataset.from_tensors((_end_marker(dataset.element_spec), True)))
+        processed = marked.map(self._exchange)
+        processed = processed.take_while(lambda batch, stop: tf.logical_not(stop))
+        return processed.map(lambda batch, stop: batch)
+
+
+def _one_per_sample(shape):
+    """[batch], or [batch, 1] as the Rec SDK's examples build every feature column."""
+    return shape.rank is None or shape.rank == 1 or (shape.rank == 2 and shape[1] == 1)
+
+
+def _timestamp_spec(specs, stamps, is_training):
+    """The insert function's is_timestamp FeatureSpec (at most one), which training features that
+    evict need; evaluation reads no timestamps."""
+    if len(stamps) > 1:
+        raise ValueError(f"get_asc_insert_func: FeatureSpecs {', '.join(repr(s.name) for s in stamps)} all have "
+                         "is_timestamp=True; a dataset has one timestamp feature for its tables: keep one")
+    evicting = [s for s in specs if s.eviction]
+    if is_training and evicting and not stamps:
+        raise ValueError(f"get_asc_insert_func: feature {evicting[0].name!r} has eviction_threshold = "
+                         f"{evicting[0].eviction_threshold}, which measures ages in the data's timestamps, but no "
+                         "FeatureSpec(..., is_timestamp=True) is among tgt_key_specs; add one naming the dataset key "
+                         "of the int64 timestamps, or set eviction_threshold=-1")
+    return stamps[0] if stamps and is_training else None
+
+
+def get_asc_insert_func(tgt_key_specs, is_training: bool = True, dump_graph: bool = False,
+                        **kwargs) -> "InsertFunction":
+    """Returns the function for ``dataset.map`` that hands every batch's ids to the key pipeline."""
+    owner = "get_asc_insert_func"
+    config.get_config()
+    if isinstance(tgt_key_specs, FeatureSpec):
+        tgt_key_specs = [tgt_key_specs]
+    check_type(owner, "tgt_key_specs", tgt_key_specs, (list, tuple), "a list of FeatureSpec")
+    for spec in tgt_key_specs:
+        check_type(owner, "tgt_key_specs", spec, FeatureSpec, "a list of FeatureSpec")
+    check_bool(owner, "is_training", is_training)
+    check_bool(owner, "dump_graph", dump_graph)
+    if kwargs:
+        raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
+    specs = list(tgt_key_specs)
+    names = [s.name for s in specs]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"{owner}: feature names must be unique, repeated: {duplicated}")
+    if all(s.is_timestamp for s in specs):
+        raise ValueError(f"{owner}: tgt_key_specs holds no table feature")
+    if dump_graph:
+        warn_once("get_asc_insert_func(dump_graph=True) has no effect in FeatureSpec mode: shardrec does not rewrite "
+                  "the graph there; graph modification dumps it with modify_graph_and_start_emb_cache(dump_graph=True)")
+    return InsertFunction(specs, is_training)
+
+
+def start_asc_pipeline() -> None:
+    """Freezes the table configuration and lets the datasets' key processing run."""
+    cfg = config.get_config()
+    state = cfg.graph_state()
+    for insert in state.insert_functions:
+        for spec in insert.specs:
+            if spec.table_name not in state.tables:
+                known = ", ".join(sorted(state.tables)) or "none"
+                raise KeyError(f"start_asc_pipeline: feature {spec.name!r} names table {spec.table_name!r}, which "
+                               f"does not exist in this graph; tables created so far: {known}")
+    configure_tables(state.tables, state.insert_functions)
+    check_datasets(state.tables, state.insert_functions)
+    if cfg.size > 1:
+        get_world().make_row_exchanges(state.row_exchanges)
+    state.pipeline_started = True
+    log.info("key pipeline started for %d table(s)", len(state.tables))

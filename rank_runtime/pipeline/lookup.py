@@ -1,0 +1,201 @@
+"""sparse_lookup: rows of a sharded table for the ids of one feature, in batch order."""
+import tensorflow as tf
+
+from ..process import config
+from ..embedding import native_ops
+from ..formats.channel import Channel, RowExchangeName
+from .feature_spec import FeatureSpec
+from .graph_modifier import pending_lookup
+from ..optimizers import by_address
+from .routing import FeatureRouting
+from ..serving import export as serving_export
+from ..embedding.table import EmbeddingTable
+from ..validation import INT32_MAX, check_bool, check_int, check_type
+from ..process.world import get_world
+
+_OWNER = "sparse_lookup"
+
+
+@tf.RegisterGradient("ShardrecVariableRowGather")
+def _distinct_rows_gather_grad(op, grad):
+    """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
+    row tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
+    it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    params_shape = resource_variable_ops.variable_shape(op.inputs[0])
+    rows = op.inputs[1]
+    values = tf.reshape(grad, tf.concat([tf.shape(rows), params_shape[1:]], 0))
+    return tf.IndexedSlices(values, rows, params_shape), None, None
+
+
+def _routing(spec, batch):
+    if batch is None:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
+                         "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
+    check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
+    routing = FeatureRouting.read_from(batch, spec.name)
+    if routing is None:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
+                         "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")
+    if spec.index_key not in batch:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r}: batch has no ids under {spec.index_key!r}")
+    return routing
+
+
+def _one_spec(ids):
+    """Seed 003 passes its list of FeatureSpecs; the Rec SDK's lookup takes one."""
+    if isinstance(ids, (list, tuple)) and all(isinstance(s, FeatureSpec) for s in ids):
+        if len(ids) != 1:
+            raise ValueError(f"{_OWNER}: 'ids' is a list of {len(ids)} FeatureSpecs "
+                             f"({', '.join(repr(s.name) for s in ids)}); a lookup takes one: call sparse_lookup "
+                             "once per FeatureSpec")
+        return ids[0]
+    return ids
+
+
+def _check_thresholds(spec, access_and_evict_config):
+    """In FeatureSpec mode the spec's thresholds govern; a config dict must say the same."""
+    for key in ("access_threshold", "eviction_threshold"):
+        given = access_and_evict_config.get(key)
+        on_spec = getattr(spec, key)
+        # None and -1 both mean "off".
+        if (-1 if given is None else given) != (-1 if on_spec is None else on_spec):
+            raise ValueError(f"{_OWNER}: access_and_evict_config[{key!r}] = {given} disagrees with FeatureSpec "
+                             f"{spec.name!r}'s {key} = {on_spec}; in FeatureSpec mode the FeatureSpec's thresholds "
+                             "govern: make them agree, or leave access_and_evict_config out")
+
+
+def _register_send_count(state, spec, channel, send_count):
+    key = (spec.name, channel)
+    known = state.send_counts.setdefault(key, send_count)
+    if known != send_count:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} ({channel.label}) is already looked up with "
+                         f"send_count={known}; "
+                         f"a second lookup of it asks for send_count={send_count}; one feature has one send_count "
+                         "per channel")
+
+
+def _rows_to_requesters(rows, routing, dim, static_rows, exchange: RowExchangeName, state):
+    """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
+    lookup's own communicators (the op library's row exchange; gradients go back the same way).
+    They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
+    state.row_exchanges.append(exchange)
+    back = native_ops.row_alltoall(rows, routing.send_splits, routing.recv_splits, exchange.rows,
+                                   get_world().exchange_timeout_s, exchange.gradients)
+    back.set_shape([static_rows, dim])
+    return back
+
+
+def _exchange_name(state, table, spec, channel: Channel) -> RowExchangeName:
+    """The same on every rank, whatever order the lookups were built in: the n-th of its kind."""
+    n = sum(1 for e in state.row_exchanges if (e.table, e.feature, e.channel) == (table.table_name, spec.name, channel))
+    return RowExchangeName(table.table_name, spec.name, channel, n)
+
+
+def _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph, access_and_evict_config,
+                      is_grad, kwargs):
+    """Every parameter's type and range; returns send_count checked (None with dynamic shapes)."""
+    check_type(_OWNER, "hashtable", hashtable, EmbeddingTable, "a table from create_table")
+    if hashtable.graph is not tf.compat.v1.get_default_graph():
+        raise ValueError(f"{_OWNER}: table {hashtable.table_name!r} was created in another TensorFlow graph; "
+                         "create tables in the graph that looks them up (in Estimator mode: call create_table "
+                         "inside model_fn, which runs in the Estimator's own graph)")
+    check_bool(_OWNER, "modify_graph", modify_graph)
+    check_bool(_OWNER, "is_train", is_train)
+    check_bool(_OWNER, "is_grad", is_grad)
+    if send_count is not None:
+        send_count = check_int(_OWNER, "send_count", send_count, 1, INT32_MAX)
+    elif not cfg.use_dynamic:
+        raise ValueError(f"{_OWNER}: parameter 'send_count' is required with static shapes (init(use_dynamic=False)); "
+                         f"allowed: an int in [1, {INT32_MAX}]")
+    if dim is not None:
+        if isinstance(dim, tf.TensorShape):
+            dim = dim[0] if dim.rank == 1 else dim
+        check_int(_OWNER, "dim", dim, hashtable.dim, hashtable.dim)
+    if name is not None:
+        check_type(_OWNER, "name", name, str, "a string")
+    if access_and_evict_config is not None:
+        check_type(_OWNER, "access_and_evict_config", access_and_evict_config, dict,
+                   "a dict with 'access_threshold' and 'eviction_threshold'")
+        unknown = set(access_and_evict_config) - {"access_threshold", "eviction_threshold"}
+        if unknown:
+            raise ValueError(f"{_OWNER}: access_and_evict_config has unknown key(s) {sorted(unknown)}; "
+                             "allowed: 'access_threshold', 'eviction_threshold'")
+        for key in ("access_threshold", "eviction_threshold"):
+            if access_and_evict_config.get(key) is not None:
+                check_int(_OWNER, f"access_and_evict_config[{key!r}]", access_and_evict_config[key], -1, INT32_MAX)
+    if kwargs:
+        raise TypeError(f"{_OWNER}: unknown parameter(s) {sorted(kwargs)}")
+    return send_count
+
+
+def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
+                  batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None,
+                  **kwargs) -> tf.Tensor:
+    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
+    exporting = serving_export.active()
+    if exporting is not None:  # an export graph: a stock lookup of the receiver's ids (serving/)
+        return exporting.lookup(hashtable, ids, batch, serving_default_value, name)
+    cfg = config.get_config()
+    send_count = _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph,
+                                   access_and_evict_config, is_grad, kwargs)
+    hashtable.add_lookup(_OWNER)
+    if cfg.graph_state().pipeline_started:
+        raise RuntimeError(f"{_OWNER}: the key pipeline is already started; build every lookup before "
+                           "start_asc_pipeline()")
+    if modify_graph:
+        ids, batch = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
+    else:
+        ids = _one_spec(ids)
+        check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
+        if ids.table_name != hashtable.table_name:
+            raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
+                             f"not to {hashtable.table_name!r}")
+        if access_and_evict_config is not None:
+            _check_thresholds(ids, access_and_evict_config)
+    routing = _routing(ids, batch)
+    channel = Channel.of(is_train)
+    if send_count is not None:
+        _register_send_count(cfg.graph_state(), ids, channel, send_count)
+    with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
+        emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
+        ids_tensor = batch[ids.index_key]
+        out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
+        out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
+        return out
+
+
+def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
+    """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
+    exchange back to the requesters, restore to batch order."""
+    rows_at = routing.rows
+    # Gradients flow to the table variable as IndexedSlices over `rows_at`, which are distinct:
+    # the sparse optimizers update those rows only, with no dedup of their own. The expand
+    # gather's gradient sums the gradients of a row asked for by several ranks.
+    rows = native_ops.variable_row_gather(table.variable, rows_at, routing.ticket, channel)
+    table.mark_distinct_rows(rows_at)
+    if not is_grad:
+        rows = tf.stop_gradient(rows)
+    elif cfg.use_dynamic_expansion and channel == Channel.TRAIN:
+        by_address.record_lookup(table, rows, tf.cast(rows_at, tf.int64, name="id_offset"))
+    width = table.dim
+    if serving_default_value is not None:
+        # The owner knows which keys have no row: that flag travels back as one more column.
+        missing = tf.cast(tf.equal(rows_at, table.sentinel), tf.float32)[:, None]
+        rows = tf.concat([rows, missing], axis=1)
+        width += 1
+    if cfg.size > 1 or not cfg.use_dynamic:
+        rows = native_ops.row_gather(rows, routing.expand)
+    if not cfg.use_dynamic:
+        rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
+    if cfg.size > 1:
+        state = cfg.graph_state()
+        rows = _rows_to_requesters(rows, routing, width, None if cfg.use_dynamic else send_count * cfg.size,
+                                   _exchange_name(state, table, spec, channel), state)
+    emb = native_ops.row_gather(rows, routing.restore)
+    if serving_default_value is not None:
+        default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])
+        emb, missing = emb[:, :table.dim], emb[:, table.dim:] > 0.5
+        emb = tf.where(missing, default[None, :], emb)
+    return emb

@@ -1,0 +1,64 @@
+"""What init() changes in TensorFlow, never an import: Dataset.map recognises the insert function,
+the Saver becomes shardrec's, get_checkpoint_state skips uncommitted checkpoints. The environment
+defaults for ranks sharing a host are host_defaults.py's; the hooks that end the whole job when one
+rank fails are exit_hooks.py's.
+"""
+import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management
+from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.training import saver as saver_lib
+
+from ..checkpoint import checkpoint_state, saver
+from . import config
+from ..pipeline import key_pipeline
+from ..checkpoint.save_schedule import AgreedSaveTimer
+from .state import STATE
+
+
+def patch_tensorflow() -> None:
+    """Dataset.map recognises the insert function; tf.compat.v1.train.Saver (and the class the
+    Estimator's Scaffold uses) becomes shardrec's Saver; get_checkpoint_state skips checkpoints
+    whose table shards are incomplete. Idempotent."""
+    if STATE.tensorflow_patched:
+        return
+    for cls in (dataset_ops.DatasetV2, dataset_ops.DatasetV1):
+        _wrap_map(cls)
+    saver_lib.Saver = tf.compat.v1.train.Saver = saver.Saver
+    STATE.tf_get_checkpoint_state = checkpoint_management.get_checkpoint_state
+    checkpoint_management.get_checkpoint_state = checkpoint_state.get_checkpoint_state
+    tf.train.get_checkpoint_state = tf.compat.v1.train.get_checkpoint_state = checkpoint_state.get_checkpoint_state
+    _follow_agreed_saves(tf.compat.v1.train.CheckpointSaverHook)
+    STATE.tensorflow_patched = True
+
+
+def _follow_agreed_saves(cls):
+    """In an incremental job, CheckpointSaverHook (MonitoredTrainingSession's, the Estimator's)
+    saves at the steps every rank agreed on (save_schedule.AgreedSaveTimer) instead of its own
+    save_secs / save_steps."""
+    original = cls.__init__
+    if getattr(original, "_shardrec_wrapped", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if config.is_initialized() and config.get_config().incremental is not None:
+            self._timer = AgreedSaveTimer(self)
+
+    __init__._shardrec_wrapped = True
+    cls.__init__ = __init__
+
+
+def _wrap_map(cls):
+    original = cls.__dict__["map"]
+    if getattr(original, "_shardrec_wrapped", False):
+        return
+
+    def map(self, map_func, *args, **kwargs):  # noqa: A001 - it is Dataset.map
+        if isinstance(map_func, key_pipeline.InsertFunction):
+            out = map_func.apply(self, *args, **kwargs)
+            return dataset_ops.DatasetV1Adapter(out) if isinstance(self, dataset_ops.DatasetV1) else out
+        return original(self, map_func, *args, **kwargs)
+
+    map.__doc__ = original.__doc__
+    map._shardrec_wrapped = True
+    cls.map = map

@@ -1,0 +1,185 @@
+"""The rank layout and the communicators: MPI through mpi4py, Horovod on the same world (dense
+allreduce and broadcast), a duplicated communicator per key-exchange channel, and two per lookup
+for its row exchange (rows, gradients), so that the native all-to-alls never meet Horovod's
+collectives or each other.
+
+MPI starts here, in init(), and not when a module is imported (importing mpi4py.MPI, or the
+native module that links it, starts MPI). While MPI runs, an uncaught error or a non-zero exit
+on any rank ends the whole job at once, naming the rank and its status (exit_hooks.py).
+"""
+import atexit
+import os
+import time
+
+import numpy as np
+
+from . import exit_hooks, host_defaults
+from ..formats.channel import Channel, check_matches_native
+from .logs import get_logger, set_rank
+from .state import STATE
+
+log = get_logger("shardrec.world")
+# Every round of the key exchange waits at most this long for the other ranks (seconds).
+EXCHANGE_TIMEOUT_ENV = "SHARDREC_EXCHANGE_TIMEOUT_S"
+DEFAULT_EXCHANGE_TIMEOUT_S = 600.0
+
+
+def exchange_timeout_s() -> float:
+    text = os.environ.get(EXCHANGE_TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_EXCHANGE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{EXCHANGE_TIMEOUT_ENV}={text!r} is not allowed; allowed: a number of seconds > 0 "
+                         f"(default {DEFAULT_EXCHANGE_TIMEOUT_S:.0f})")
+    return value
+
+
+class World:
+    def __init__(self):
+        timeout = exchange_timeout_s()
+        host_defaults.before_mpi()
+        from mpi4py import MPI
+
+        from ...native import core as native_core
+
+        comm = MPI.COMM_WORLD
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        if self.size == 1:
+            unlink_own_segments()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        set_rank(self.rank, self.size)
+        node.Free()
+        exit_hooks.abort_on_uncaught_error()
+        host_defaults.share_cores(self.size, self.local_size, timeout)
+        import horovod.tensorflow as hvd
+
+        if not hvd.is_initialized():
+            hvd.init(comm=comm)
+        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
+            raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI {self.rank}/{self.size}: "
+                               "initialise Horovod on MPI.COMM_WORLD (or let init() do it)")
+        check_matches_native(native_core.Channel)
+        # Each exchange lives on a communicator of its own; creating them is collective, and
+        # every rank runs init() at the same point of the same script.
+        self._comms = {channel: comm.Dup() for channel in Channel}
+        self.exchanges = {channel: native_core.KeyExchange(self._comms[channel], channel, timeout)
+                          for channel in Channel}
+        # atexit runs the last registered first: this runs before exit_hooks' check.
+        atexit.register(self._leave_channels)
+        self._helper = comm.Dup()
+        self._helper_broken = None
+        self._mpi = MPI
+        self._world_comm = comm
+        self._row_comms = {}
+        self.exchange_timeout_s = timeout
+
+    def make_row_exchanges(self, exchanges):
+        """Communicators for the lookups' row exchanges (channel.RowExchangeName: one for rows, one
+        for gradients each), registered with the op library under their names. Called by every rank
+        when its key pipeline starts: the ranks first check that they built the same lookups, then
+        create the missing communicators in name order, so that the pairing does not depend on the
+        order the lookups were built in. Names made before (a graph built again, as the Estimator
+        does) keep their communicators."""
+        from ..embedding import native_ops
+
+        names = sorted({name for e in exchanges for name in (e.rows, e.gradients)})
+        what = "start_asc_pipeline: the row exchanges of the lookups"
+        if self.size > 1:
+            listed = self.gather_texts("\n".join(names), what)
+            if len(set(listed)) > 1:
+                mine, other = set(names), next(set(t.split("\n")) for t in listed if t != "\n".join(names))
+                diff = sorted(mine ^ other)
+                raise ValueError(f"{what}: the ranks built different lookups (first difference: {diff[0]!r}); every "
+                                 "rank must build the same sparse_lookup calls")
+        for name in names:
+            if name in self._row_comms:
+                continue
+            comm, request = self._world_comm.Idup()
+            self._wait(lambda: request, f"{what} ({name})", 60.0)
+            # A peer that sends more rows than this rank expects comes back as an error the row
+            # exchange names, instead of MPI ending the job with its own words.
+            comm.Set_errhandler(self._mpi.ERRORS_RETURN)
+            self._row_comms[name] = comm
+            native_ops.register_comm(name, comm.py2f())
+
+    def _leave_channels(self):
+        """At a clean exit: a peer still waiting in a key exchange round for this rank (its prefetch
+        had started one batch more when the sessions closed), or one that runs a pass after this
+        rank left (an evaluation on rank 0 alone), fails that round at once naming this rank,
+        instead of waiting for the exchange timeout or passing over this rank's part of the tables."""
+        if not exit_hooks.exit_failed():
+            for exchange in self.exchanges.values():
+                exchange.leave()
+
+    def restart_channels(self):
+        """A channel stopped by an error runs again under a new configuration (every rank calls
+        init() at the same point); one whose round timed out stays stopped."""
+        for exchange in self.exchanges.values():
+            exchange.restart()
+
+    def sum_over_ranks(self, value, what, timeout=60.0):
+        """Sum of an int over all ranks. Every rank must call it at the same point; a lone caller
+        gets an error after `timeout` seconds instead of hanging the job."""
+        recv = np.zeros(1, np.int64)
+        self._wait(lambda: self._helper.Iallreduce(np.array([value], np.int64), recv, op=self._mpi.SUM), what, timeout)
+        return int(recv[0])
+
+    def gather_from_ranks(self, value, what, timeout=60.0):
+        """Every rank's int (a list indexed by rank); called by all ranks together, as sum_over_ranks."""
+        recv = np.zeros(self.size, np.int64)
+        self._wait(lambda: self._helper.Iallgather(np.array([value], np.int64), recv), what, timeout)
+        return recv.tolist()
+
+    def gather_texts(self, text, what, timeout=60.0):
+        """Every rank's string, by rank (collective, as sum_over_ranks): used to tell every rank
+        what went wrong on each."""
+        data = text.encode()
+        lengths = self.gather_from_ranks(len(data), what, timeout)
+        recv = bytearray(sum(lengths))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+        self._wait(lambda: self._helper.Iallgatherv(data, [recv, lengths, offsets[:-1].tolist(), self._mpi.BYTE]),
+                   what, timeout)
+        return [bytes(recv[offsets[r]:offsets[r + 1]]).decode() for r in range(self.size)]
+
+    def _wait(self, start, what, timeout):
+        if self._helper_broken:
+            raise RuntimeError(f"{what}: {self._helper_broken}")
+        request = start()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
+                                       "all ranks must call it together, and the ranks are now out of step")
+                raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
+                                   "call it together (at the same point of the script)")
+            time.sleep(0.001)
+
+
+def unlink_own_segments():
+    """A process alone in its job (a script run without mpiexec: MPI's singleton) has no daemon that
+    removes its shared-memory segment (/dev/shm/sm_segment.*, 16 MiB) when it ends, so every such run
+    left one behind. No peer will ever map it: its name goes now, and the mapping stays valid."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line}
+    except OSError:
+        return
+    for path in paths:
+        if os.path.basename(path).startswith(("sm_segment.", "vader_segment.")) and not path.endswith("(deleted)"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def get_world() -> "World":
+    """The world, created on first use (collective: every rank calls it at the same point)."""
+    if STATE.world is None:
+        STATE.world = World()
+    return STATE.world
