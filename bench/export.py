@@ -42,6 +42,8 @@ def write_checkpoint(save_path, rows, dim, ranks=2, seed=0):
     import tensorflow as tf
 
     from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.formats.array_files import write_array
+    from shardrec.rank_runtime.formats.manifest import TableEntry
 
     rng = np.random.default_rng(seed)
     keys = np.unique(rng.integers(0, 2**62, int(rows * 1.01)))[:rows]
@@ -54,11 +56,11 @@ def write_checkpoint(save_path, rows, dim, ranks=2, seed=0):
 
         def writer(folder, mine=mine, rank=rank):
             values = np.random.default_rng(seed + 1 + rank).standard_normal((len(mine), dim), np.float32)
-            files = {"keys": fmt.write_array(folder, "keys", mine), "values": fmt.write_array(folder, "values", values)}
+            files = {"keys": write_array(folder, "keys", mine), "values": write_array(folder, "values", values)}
             hit = probe_keys % ranks == rank
             order = np.argsort(mine)
             probe_rows[hit] = values[order[np.searchsorted(mine, probe_keys[hit], sorter=order)]]
-            return fmt.TableFiles(dim, "int64", len(mine), [], [], files)
+            return TableEntry(dim, "int64", len(mine), [], [], files)
 
         fmt.write_shard(save_path, rank, ranks, 1, {"big": writer}, shared=True)
     fmt.publish(save_path, ranks)  # every rank's shard committed: in place, as the Saver does

@@ -25,13 +25,13 @@ from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
 def _describe(ckpt):
     previous = ckpt.previous
-    kind = f"delta on {previous.get('name')}, " if isinstance(previous, dict) else ""
+    kind = f"delta on {previous.name}, " if previous is not None else ""
     lines = [f"{ckpt.name}: step {ckpt.step}, {kind}world size {ckpt.world_size}, "
              f"{'OK' if ckpt.ok else 'DAMAGED OR INCOMPLETE'}  ({ckpt.sparse_dir})"]
     tables = {}
     for rank, shard in sorted(ckpt.shards.items()):
-        for name, entry in ((shard.manifest or {}).get("tables") or {}).items():
-            tables.setdefault(name, (entry.get("dim"), entry.get("slots"), {}))[2][rank] = entry.get("rows")
+        for name, entry in (shard.manifest.tables if shard.manifest else {}).items():
+            tables.setdefault(name, (entry.dim, entry.slots, {}))[2][rank] = entry.rows
     for name, (dim, slots, rows) in sorted(tables.items()):
         per_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(rows.items()))
         what = "rows changed" if kind else "rows"

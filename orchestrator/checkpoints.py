@@ -7,9 +7,11 @@ TensorFlow; tests/test_ckpt_cli.py checks this reader against checkpoints that t
 import glob
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 from shardrec.rank_runtime.formats import checkpoint_chain
 from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
+from shardrec.rank_runtime.formats.manifest import DELTA, SHARED, SaveRef, ShardManifest
 
 
 @dataclass
@@ -17,7 +19,7 @@ class Shard:
     rank: int
     world_size: int
     path: str
-    manifest: dict = None
+    manifest: Optional[ShardManifest] = None
     problems: list = field(default_factory=list)
 
 
@@ -35,21 +37,21 @@ class Checkpoint:
 
     @property
     def step(self):
-        steps = {s.manifest.get("step") for s in self.shards.values() if s.manifest}
+        steps = {s.manifest.step for s in self.shards.values() if s.manifest}
         return steps.pop() if len(steps) == 1 else None
 
     @property
     def kind(self):
         """FULL or DELTA (an incremental job's save of what changed since the one before)."""
-        kinds = {s.manifest.get("kind", fmt.FULL) for s in self.shards.values() if s.manifest}
+        kinds = {s.manifest.kind for s in self.shards.values() if s.manifest}
         return kinds.pop() if len(kinds) == 1 else None
 
     @property
-    def previous(self):
-        """A delta's manifest entry for the save it builds on ({name, step, save_id}), else None."""
+    def previous(self) -> Optional[SaveRef]:
+        """The save a delta builds on, else None."""
         for shard in self.shards.values():
-            if shard.manifest and shard.manifest.get("kind") == fmt.DELTA:
-                return shard.manifest.get("previous")
+            if shard.manifest and shard.manifest.kind == DELTA:
+                return shard.manifest.previous
         return None
 
     @property
@@ -93,13 +95,13 @@ def read_checkpoint(sparse_dir, verify=True):
             f"{n} rank(s): {', '.join(entries)}" for n, entries in sorted(by_size.items()))
             + " (a save by another number of ranks did not replace them)" if by_size else "no shard")
     else:
-        layouts = {s.manifest.get("layout") for s in ckpt.shards.values() if s.manifest}
-        expected = range(size) if layouts == {"shared"} else sorted(ckpt.shards)
+        layouts = {s.manifest.layout for s in ckpt.shards.values() if s.manifest}
+        expected = range(size) if layouts == {SHARED} else sorted(ckpt.shards)
         missing = [r for r in expected if r not in ckpt.shards]
         if missing:
             ckpt.problems.append(f"the shards of rank(s) {missing} of {size} are missing")
     ckpt.problems.extend(_dense_problems(ckpt.dense_prefix))
-    if ckpt.kind == fmt.DELTA and not ckpt.problems:
+    if ckpt.kind == DELTA and not ckpt.problems:
         try:
             checkpoint_chain.resolve(ckpt.dense_prefix)
         except fmt.CheckpointError as e:
@@ -125,7 +127,7 @@ def find_checkpoints(path, verify=True):
     by_name = {c.name: c for c in found}
     for ckpt in found:  # oldest first: a delta's previous save already carries its own chain's state
         previous = ckpt.previous
-        link = by_name.get(previous.get("name")) if isinstance(previous, dict) else None
+        link = by_name.get(previous.name) if previous is not None else None
         if link is not None and not link.ok:
             ckpt.problems.append(f"its chain is broken: {link.name}, the save it builds on, is damaged or incomplete")
     return found
@@ -146,7 +148,7 @@ def table_rows(ckpt, table):
     if not ckpt.ok:
         raise fmt.CheckpointError(f"{ckpt.sparse_dir}: damaged or incomplete: " +
                                   "; ".join(ckpt.problems + [p for s in ckpt.shards.values() for p in s.problems]))
-    if ckpt.kind == fmt.DELTA:
+    if ckpt.kind == DELTA:
         return checkpoint_chain.read_chain_table(checkpoint_chain.resolve(ckpt.dense_prefix), table)
     shards = {rank: shard.path for rank, shard in ckpt.shards.items()}
     link = checkpoint_chain.Link(ckpt.dense_prefix, shards, {r: s.manifest for r, s in ckpt.shards.items()},

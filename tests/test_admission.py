@@ -490,6 +490,7 @@ def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):
     import os
 
     from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
+    from shardrec.rank_runtime.formats.array_files import read_array
 
     check(mpiexec(2, "admission_estimator.py", tmp_path / "model", timeout=600))
     latest = tf.train.latest_checkpoint(str(tmp_path / "model"))
@@ -497,8 +498,8 @@ def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):
     parts = []
     for r in range(2):
         shard = os.path.join(fmt.sparse_dir(latest), fmt.shard_name(r, 2))
-        entry = fmt.read_manifest(shard)["tables"]["emb"]
-        parts.append({name: fmt.read_array(shard, item, name) for name, item in entry["files"].items()})
+        entry = fmt.read_manifest(shard).tables["emb"]
+        parts.append({name: read_array(shard, item, name) for name, item in entry.files.items()})
     model, _, _ = oracle.run(*job.stream(), *job.THRESHOLDS["evict_steps"], STEP_EVICTIONS)
     assert _by_key(parts, "keys", "counts", "last_seen") == {k: tuple(v) for k, v in model.rows.items()}
     assert _by_key(parts, "pending_keys", "pending_counts", "pending_last_seen") == {

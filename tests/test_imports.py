@@ -1,7 +1,10 @@
-"""Imports go one way: no cycle among the modules of `rank_runtime/` (every import counted, those
-inside functions too), and the rooms depend downwards only (launch -> orchestrator; rank_runtime ->
-native); and no function of the Python rooms over 80 lines. Read from the source with ast, so that
-the test sees what a reader sees."""
+"""The house as built. Imports go one way: no cycle among the modules of `rank_runtime/` (every
+import counted, those inside functions too), and the rooms depend downwards only (launch ->
+orchestrator; rank_runtime -> native). Sizes: no function of the Python rooms over 80 lines, no
+Python module over 500 lines, no native source over 600, no room with more than 12 entries at its
+top. State: no module-level variable that holds state outside `rank_runtime/process/state.py`.
+Read from the source with ast, so that the test sees what a reader sees; the limits are said in
+docs/internals/architecture.md."""
 import ast
 import os
 
@@ -27,7 +30,7 @@ def _imports(module, path):
     `from package import name` counts the submodule when `name` is one, else the package."""
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(open(path).read(), path)):
+    for node in _runtime_nodes(ast.parse(open(path).read(), path)):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -39,6 +42,16 @@ def _imports(module, path):
             out.update(f"{base}.{alias.name}" for alias in node.names)
             out.add(base)
     return {name.removeprefix("shardrec.") for name in out}
+
+
+def _runtime_nodes(tree):
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (names for type checkers, never
+    imported when the code runs)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    return [n for n in ast.walk(tree) if id(n) not in skipped]
 
 
 def _graph(rooms):
@@ -105,8 +118,7 @@ def test_no_import_cycle_in_rank_runtime():
 
 # The supervisor reads what ranks write, in the formats the ranks define (modules that import
 # neither TensorFlow nor MPI); it never imports the runtime itself.
-FORMATS = {"rank_runtime", "rank_runtime.formats", "rank_runtime.formats.sparse_checkpoint",
-           "rank_runtime.formats.checkpoint_chain", "rank_runtime.formats.heartbeat_format"}
+FORMATS = {"rank_runtime", *(m for m in _modules("rank_runtime") if m.split(".")[:2] == ["rank_runtime", "formats"])}
 
 
 @pytest.mark.parametrize("room,forbidden", [("rank_runtime", ("orchestrator", "launch")),
@@ -138,3 +150,122 @@ def test_no_function_of_the_python_rooms_is_over_80_lines():
                     if lines > 80:
                         long.append(f"{module}.{node.name}: {lines} lines")
     assert long == []
+
+
+PY_MODULE_LINES, NATIVE_FILE_LINES, ROOM_TOP_ENTRIES = 500, 600, 12
+NATIVE_SOURCES = (".h", ".cc", ".cpp")
+
+
+def _python_files(room):
+    return sorted(_modules(room).values())
+
+
+def _native_files():
+    return sorted(os.path.join(folder, name) for folder, _, files in os.walk(os.path.join(ROOT, "native", "src"))
+                  for name in files if name.endswith(NATIVE_SOURCES))
+
+
+def _lines(path):
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
+def _over(paths, limit):
+    return [f"{os.path.relpath(p, ROOT)}: {_lines(p)} lines" for p in paths if _lines(p) > limit]
+
+
+def test_no_module_of_the_python_rooms_is_over_500_lines_and_no_native_source_over_600():
+    assert _over([p for room in ROOMS[:3] for p in _python_files(room)], PY_MODULE_LINES) == []
+    assert _over(_native_files(), NATIVE_FILE_LINES) == []
+
+
+def _room_tops():
+    """Every package folder of the rooms and native/src with its sub-folders: {folder: its entries
+    (modules and sub-rooms; __init__.py, caches and built libraries not counted)}."""
+    tops = {}
+    for base in (*ROOMS[:3], os.path.join("native", "src")):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, base)):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+            entries = [f for f in files if f.endswith((".py",) + NATIVE_SOURCES) and f != "__init__.py"] + dirs
+            tops[os.path.relpath(folder, ROOT)] = sorted(entries)
+    return tops
+
+
+def test_no_room_holds_more_than_12_entries_at_its_top():
+    crowded = {folder: len(entries) for folder, entries in _room_tops().items() if len(entries) > ROOM_TOP_ENTRIES}
+    assert crowded == {}
+
+
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove", "discard",
+            "clear"}
+MUTABLE_FACTORIES = {"list", "dict", "set", "defaultdict", "OrderedDict", "Counter", "deque"}
+STATE_MODULE = "rank_runtime.process.state"
+
+
+def _is_mutable(value):
+    if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)) in MUTABLE_FACTORIES
+    return False
+
+
+def module_state(source):
+    """What in `source` (a module's text) is module-level state: a name rebound by `global`, a
+    module-level container whose name is not a CONSTANT's, and a CONSTANT container that the module
+    changes (an item set or deleted, or a mutating method called on it)."""
+    tree = ast.parse(source)
+    found = []
+    containers = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Name) and getattr(node, "value", None) is not None and _is_mutable(node.value) \
+                    and not (t.id.startswith("__") and t.id.endswith("__")):
+                containers[t.id] = node.lineno
+    for name, line in containers.items():
+        if not name.lstrip("_").isupper():
+            found.append(f"line {line}: {name} holds a container")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.append(f"line {node.lineno}: global {', '.join(node.names)}")
+        changed = None
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for t in getattr(node, "targets", None) or [node.target]:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                    changed = t.value.id
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
+                and isinstance(node.func.value, ast.Name):
+            changed = node.func.value.id
+        if changed in containers and changed.lstrip("_").isupper():
+            found.append(f"line {node.lineno}: {changed} is changed")
+    return found
+
+
+def test_the_state_finder_finds_state():
+    assert module_state("x = []\n") == ["line 1: x holds a container"]
+    assert module_state("_x = None\ndef f():\n    global _x\n    _x = 1\n") == ["line 3: global _x"]
+    assert module_state("T = {}\ndef f(k):\n    T[k] = 1\n") == ["line 3: T is changed"]
+    assert module_state("T = {}\ndef f(k):\n    T.setdefault(k, 1)\n") == ["line 3: T is changed"]
+    assert module_state("T = {'a': 1}\n__all__ = ['f']\ndef f(k):\n    d = {}\n    d[k] = T[k]\n") == []
+
+
+def test_no_module_level_state_outside_state_py():
+    found = {}
+    for room in ROOMS[:3]:
+        for module, path in _modules(room).items():
+            if module != STATE_MODULE:
+                found.update({f"{module}: {what}": None for what in module_state(open(path).read())})
+    assert list(found) == []
+
+
+def test_state_py_names_a_type_for_every_field():
+    import dataclasses
+    import typing
+
+    from shardrec.rank_runtime.process import state
+
+    loose = [f"{cls.__name__}.{f.name}" for cls in (state.ProcessState, state.HeartbeatState, state.ResizeState)
+             for f in dataclasses.fields(cls) if f.type in (typing.Any, "Any", object, dict, list, set)]
+    assert loose == []

@@ -137,7 +137,7 @@ def test_an_export_refuses_an_existing_directory_a_damaged_checkpoint_and_an_unk
     shutil.copytree(d / "model", tmp_path / "model")
     checkpoint = ranks[0]["checkpoint"].replace(str(d), str(tmp_path))
     shard = os.path.join(fmt.sparse_dir(checkpoint), fmt.shard_name(1, 2))
-    values = os.path.join(shard, fmt.read_manifest(shard)["tables"]["emb"]["files"]["values"]["file"])
+    values = os.path.join(shard, fmt.read_manifest(shard).tables["emb"].files["values"].file)
     with open(values, "r+b") as f:
         f.seek(-4, os.SEEK_END)
         f.write(b"\x00\x01\x02\x03")

@@ -58,6 +58,12 @@ def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference
         assert summary["ranks"][rank]["tables"] == {"emb": len(keys[int(rank)])}
     assert summary["checkpoints"][-1] == "model.ckpt-30"
     assert re.search(r"done: 1 attempt\(s\), 0 restart\(s\), .*tables emb \d+ keys", proc.stderr)
+    # Read back through its types: the same values, and the same file written again.
+    from shardrec.orchestrator import run_summary
+
+    typed = run_summary.read(str(run))
+    assert typed.ranks[1].step == 30 and typed.attempt_list[0].ok and typed.checkpoints == summary["checkpoints"]
+    assert json.loads(json.dumps(typed.to_json())) == summary
     # Every rank passes 0.1% of the host's memory, and is reported once.
     for rank in (0, 1):
         assert len(re.findall(rf"rank {rank} on host \S+ uses [0-9.]+ GiB, over 0% of its host's [0-9.]+ GiB: the "
@@ -192,7 +198,8 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
 def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_path, capsys):
     import time
 
-    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+    from shardrec.orchestrator.attempt import Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None)
     attempt.started = time.monotonic() - 10
@@ -209,7 +216,8 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
 def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_at_once(tmp_path):
     """Closing a session and tearing MPI / Horovod down over TCP can take seconds once a peer has
     exited (seen in the 2-host test: 10 s in Session.close): that is not a hang until the grace ends."""
-    from shardrec.orchestrator.supervisor import FINISH_GRACE_S, Attempt, JobSpec
+    from shardrec.orchestrator.attempt import FINISH_GRACE_S, Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=3, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
     attempt.started = now = 1000.0
@@ -251,7 +259,7 @@ This is usually due to either a failure of the TCP network
 @pytest.mark.parametrize("text, host", [(_DAEMON_NEVER_REPORTED, "sr6523b"), (_DAEMON_LOST, "sr4381b"),
                                         ("rank 1 exited on signal 9 (Killed)", None)])
 def test_the_host_mpiexec_lost_is_read_from_either_of_its_messages(text, host):
-    from shardrec.orchestrator.failure_cause import lost_daemon_host
+    from shardrec.orchestrator.mpiexec_output import lost_daemon_host
     assert lost_daemon_host("[rank 0/2] step 10\n" + text) == host
 
 
@@ -261,7 +269,8 @@ def test_an_elastic_job_blames_the_host_its_discovery_no_longer_lists_when_silen
     longer lists, even when the surviving host's rank was silent a little longer."""
     import time
 
-    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+    from shardrec.orchestrator.attempt import Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
 
     def ended(usable_hosts):
         attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
@@ -296,7 +305,8 @@ def _ended_attempt(tmp_path, code, rank_lines, launcher="", usable_hosts=None, s
     printed rank_lines (rank -> text) and mpiexec printed `launcher`."""
     import time
 
-    from shardrec.orchestrator.supervisor import Attempt, JobSpec
+    from shardrec.orchestrator.attempt import Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
                       usable_hosts=usable_hosts)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..process import config
 from .rank_agreement import AGREE_TIMEOUT_S
-from ..formats.sparse_checkpoint import DELTA, FULL, SaveKind, SaveRef
+from ..formats.manifest import DELTA, FULL, SaveKind, SaveRef
 from ..process.world import get_world
 
 

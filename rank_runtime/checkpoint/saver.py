@@ -55,8 +55,9 @@ from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint
 from ..process.logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
 from .save_schedule import Chain, old_links, plan_save
-from ..formats.sparse_checkpoint import (FULL, CheckpointError, SaveRef, discard_staged, find_shards, publish,
-                                         read_manifest, sparse_dir, write_shard)
+from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_shards, publish, read_manifest,
+                                         sparse_dir, write_shard)
+from ..formats.manifest import FULL, SaveRef
 from .table_restore import restore_tables
 from .table_save import table_writer
 from ..process.world import get_world
@@ -323,4 +324,4 @@ def _kind_and_layout(path: str) -> tuple:
         manifest = read_manifest(next(iter(shards.values())))
     except CheckpointError:
         return FULL, True
-    return manifest.get("kind", FULL), manifest.get("layout") != "per_rank"
+    return manifest.kind, manifest.shared

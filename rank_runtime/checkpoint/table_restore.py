@@ -32,8 +32,9 @@ from ..formats.checkpoint_chain import resolve, surviving, table_keys
 from ..process.logs import get_logger
 from .rank_agreement import agree, attempt
 from ..embedding.row_store import MEMORY_LIMIT_ENV
-from ..formats.sparse_checkpoint import (ADMISSION_ARRAYS, PENDING, CheckpointError, map_array, needed_shards,
-                                         read_array, sparse_dir, stream_array)
+from ..formats.sparse_checkpoint import CheckpointError, needed_shards, sparse_dir
+from ..formats.manifest import ADMISSION_ARRAYS, PENDING, TableEntry
+from ..formats.array_files import map_array, read_array, stream_array
 
 log = get_logger("shardrec.restore")
 # Files streamed side by side: the disk reads ahead in one while another's chunk is checksummed.
@@ -47,7 +48,7 @@ class ShardPart:
     which of its rows this rank takes (None: all): those of keys it owns under this world size,
     and in a chain those that no later save replaced or removed."""
     shard_dir: str
-    entry: dict
+    entry: TableEntry
     mine: np.ndarray = None
 
 
@@ -81,10 +82,10 @@ def _plan_table(save_path, table, links, values_only):
     name = table.table_name
     for link in links:
         for r, shard in sorted(link.shards.items()):
-            entry = link.manifests[r]["tables"].get(name)
+            entry = link.manifests[r].tables.get(name)
             if entry is None:
                 raise CheckpointError(f"{shard}/MANIFEST.json: has no table {name!r}; it has "
-                                      f"{sorted(link.manifests[r]['tables'])}")
+                                      f"{sorted(link.manifests[r].tables)}")
             _check_layout(os.path.join(shard, "MANIFEST.json"), table, entry, values_only)
     saved_keys, removed = table_keys(links, name)
     masks = surviving(saved_keys, removed)
@@ -92,11 +93,11 @@ def _plan_table(save_path, table, links, values_only):
     parts, keys = [], []
     for link, link_keys, link_masks in zip(links, saved_keys, masks):
         for (r, shard), part, survives in zip(sorted(link.shards.items()), link_keys, link_masks):
-            entry = link.manifests[r]["tables"][name]
+            entry = link.manifests[r].tables[name]
             part = part.astype(np.int64, copy=False)
-            if len(part) != entry.get("rows"):
+            if len(part) != entry.rows:
                 raise CheckpointError(f"{shard}/{name}/keys.npy: {len(part)} keys, but the manifest says rows = "
-                                      f"{entry.get('rows')}")
+                                      f"{entry.rows}")
             mine = np.mod(part, cfg.size) == cfg.rank if resharded else None
             mine = survives if mine is None else (mine if survives is None else mine & survives)
             keys.append(part if mine is None else part[mine])
@@ -121,7 +122,7 @@ def _files(plans):
     """(plan, column, its parts' (part, manifest file entry)) for every row file to stream."""
     for p in plans:
         for column in p.columns:
-            yield p, column, [(part, part.entry["files"][column]) for part in p.parts]
+            yield p, column, [(part, part.entry.files[column]) for part in p.parts]
 
 
 def _streamed(p, column, files, sink=None, verified=False):
@@ -131,9 +132,9 @@ def _streamed(p, column, files, sink=None, verified=False):
     name = p.table.table_name
     at = 0
     for part, entry in files:
-        if entry.get("shape") != [part.entry.get("rows"), p.table.dim]:
-            raise CheckpointError(f"{part.shard_dir}/{entry.get('file')}: {entry.get('shape')} rows, but "
-                                  f"{part.entry.get('rows')} keys of dim {p.table.dim}")
+        if entry.shape != (part.entry.rows, p.table.dim):
+            raise CheckpointError(f"{part.shard_dir}/{entry.file}: {list(entry.shape)} rows, but "
+                                  f"{part.entry.rows} keys of dim {p.table.dim}")
         reader = map_array if verified else stream_array
         for first, rows in reader(part.shard_dir, entry, f"table {name!r} {column}", _chunk_bytes(p.table)):
             if sink is None:
@@ -238,17 +239,17 @@ def reset(sess, tables: list) -> None:
 def _check_layout(manifest_path, table, entry, values_only):
     """A manifest's table against the graph's table: dim, key dtype, optimizer slots."""
     problems = []
-    if entry.get("dim") != table.dim:
-        problems.append(f"dim {entry.get('dim')} (this graph: {table.dim})")
-    if entry.get("key_dtype") != table.key_dtype.name:
-        problems.append(f"key dtype {entry.get('key_dtype')} (this graph: {table.key_dtype.name})")
+    if entry.dim != table.dim:
+        problems.append(f"dim {entry.dim} (this graph: {table.dim})")
+    if entry.key_dtype != table.key_dtype.name:
+        problems.append(f"key dtype {entry.key_dtype} (this graph: {table.key_dtype.name})")
     # A graph without optimizer (evaluation, prediction) restores the values alone.
     if values_only:
         pass
-    elif table.optimizers and entry.get("optimizers") != sorted(table.optimizers):
-        problems.append(f"optimizer(s) {entry.get('optimizers')} (this graph: {sorted(table.optimizers)})")
-    elif table.optimizers and entry.get("slots") != sorted(table.slots):
-        problems.append(f"optimizer slots {entry.get('slots')} (this graph: {sorted(table.slots)})")
+    elif table.optimizers and entry.optimizers != sorted(table.optimizers):
+        problems.append(f"optimizer(s) {entry.optimizers} (this graph: {sorted(table.optimizers)})")
+    elif table.optimizers and entry.slots != sorted(table.slots):
+        problems.append(f"optimizer slots {entry.slots} (this graph: {sorted(table.slots)})")
     if problems:
         raise CheckpointError(f"{manifest_path}: table {table.table_name!r} was saved with " + ", ".join(problems)
                               + "; restore it into a graph with the same table and optimizer")
@@ -257,15 +258,14 @@ def _check_layout(manifest_path, table, entry, values_only):
 def _admission_files(manifest_path, table, entry):
     """The admission arrays to read for `table` from a shard's manifest entry (none when the table
     does not count, or the checkpoint has none). A damaged entry is a CheckpointError, which every
-    rank learns of, not a KeyError on one rank while the others wait for it."""
-    if table.thresholds is None or not table.thresholds.counts or "admission" not in entry:
+    rank learns of, not a KeyError on one rank while the others wait for it (read_manifest checked
+    the entry's types)."""
+    if table.thresholds is None or not table.thresholds.counts or entry.admission is None:
         return []
     names = list(ADMISSION_ARRAYS)
-    admission, files = entry["admission"], entry.get("files")
-    if not isinstance(admission, dict) or not isinstance(admission.get("newest", -1), int) or \
-            not isinstance(files, dict) or any(n not in files for n in names):
+    if any(n not in entry.files for n in names):
         raise CheckpointError(f"{manifest_path}: table {table.table_name!r} has a damaged admission entry (it needs "
-                              f"an integer 'newest' and the files {names}); the checkpoint cannot be restored")
+                              f"the files {names}); the checkpoint cannot be restored")
     return names
 
 
@@ -277,26 +277,26 @@ def _admission_of(table, links, parts, cfg, n_keys):
         return None
     name = table.table_name
     last = links[-1]
-    entries = [last.manifests[r]["tables"][name] for r in sorted(last.shards)]
-    if any("admission" not in part.entry for part in parts) or any("admission" not in e for e in entries):
+    entries = [last.manifests[r].tables[name] for r in sorted(last.shards)]
+    if any(part.entry.admission is None for part in parts) or any(e.admission is None for e in entries):
         log.warning("table %r counts keys for admission, but the checkpoint holds no counts or timestamps for it: its "
                     "%d key(s) are restored as admitted, with count 0 and last-seen timestamp 0", name, n_keys)
         return {"counts": np.zeros(n_keys, np.uint32), "last_seen": np.zeros(n_keys, np.int64),
                 **{p: np.zeros(0, d) for p, d in zip(PENDING, (np.int64, np.uint32, np.int64))}, "newest": -1}
-    out = {"newest": max(int(e["admission"].get("newest", -1)) for e in entries)}
+    out = {"newest": max(e.admission.newest for e in entries)}
     for part in parts:
         path = os.path.join(part.shard_dir, "MANIFEST.json")
         _admission_files(path, table, part.entry)
         for array_name in ("counts", "last_seen"):
-            array = read_array(part.shard_dir, part.entry["files"][array_name], f"table {name!r} {array_name}")
-            if array.shape[0] != part.entry["rows"]:
+            array = read_array(part.shard_dir, part.entry.files[array_name], f"table {name!r} {array_name}")
+            if array.shape[0] != part.entry.rows:
                 raise CheckpointError(f"{path}: table {name!r}: {array_name}.npy holds {array.shape[0]} entries for "
-                                      f"{part.entry['rows']} keys")
+                                      f"{part.entry.rows} keys")
             out.setdefault(array_name, []).append(array if part.mine is None else array[part.mine])
     for r, shard in sorted(last.shards.items()):
-        entry = last.manifests[r]["tables"][name]
+        entry = last.manifests[r].tables[name]
         _admission_files(os.path.join(shard, "MANIFEST.json"), table, entry)
-        pending = {p: read_array(shard, entry["files"][p], f"table {name!r} {p}") for p in PENDING}
+        pending = {p: read_array(shard, entry.files[p], f"table {name!r} {p}") for p in PENDING}
         if any(a.shape != pending["pending_keys"].shape for a in pending.values()):
             raise CheckpointError(f"{shard}: table {name!r}: its pending arrays differ in length")
         mine = np.mod(pending["pending_keys"].astype(np.int64), cfg.size) == cfg.rank \

@@ -9,7 +9,9 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..process.logs import get_logger
-from ..formats.sparse_checkpoint import REMOVED, TableFiles, admission_arrays, array_entry, write_array
+from ..formats.sparse_checkpoint import admission_arrays
+from ..formats.manifest import REMOVED, AdmissionEntry, TableEntry
+from ..formats.array_files import array_entry, write_array
 
 log = get_logger("shardrec.saver")
 
@@ -27,7 +29,7 @@ def read_table_rows(sess, table) -> Dict[str, np.ndarray]:
     return {"keys": state.keys, **dict(zip(names, columns))}
 
 
-def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[str], TableFiles]:
+def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[str], TableEntry]:
     """write_shard's writer for one table: its keys, and its values and slot rows written by the
     native core straight from the store and the SSD tier into the files. With admission, the keys'
     counts and timestamps and the keys still counting, as of training step `step` (the batches the
@@ -55,13 +57,13 @@ def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[s
             arrays = admission_arrays(state)
             for name, array in arrays.items():
                 files[name] = write_array(folder, name, array)
-            admission = {"access_threshold": table.thresholds.access, "eviction_threshold": table.thresholds.eviction,
-                         "newest": state.newest, "pending_rows": len(arrays["pending_keys"])}
+            admission = AdmissionEntry(table.thresholds.access, table.thresholds.eviction, state.newest,
+                                       len(arrays["pending_keys"]))
         removed = None
         if mode == "delta":
             files[REMOVED] = write_array(folder, REMOVED, state.removed)
             removed = len(state.removed)
-        return TableFiles(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
+        return TableEntry(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
                           optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
                           files=files, admission=admission, removed_rows=removed)
 

@@ -1,4 +1,4 @@
-"""shardrec's TensorFlow op library (native/src/tf_*.cc, built by the set-up next to the pybind11
+"""shardrec's TensorFlow op library (native/src/tf_ops/tf_*.cc, built by the set-up next to the pybind11
 core as `shardrec/native/tf_ops*.so`): the sparse optimizers' fused apply kernels, a lookup's row
 gathers with their gradient, and the binding of table variables to their native row stores.
 

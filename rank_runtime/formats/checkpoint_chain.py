@@ -9,11 +9,13 @@ that link. Imports no TensorFlow.
 """
 import os
 from dataclasses import dataclass
+from typing import Dict, Optional
 
 import numpy as np
 
-from .sparse_checkpoint import (DELTA, FULL, MANIFEST, PENDING, REMOVED, CheckpointError, SaveRef, find_shards,
-                                read_array, read_manifest, rows_of, shard_name, sparse_dir, stream_array)
+from .sparse_checkpoint import MANIFEST, CheckpointError, find_shards, read_manifest, shard_name, sparse_dir
+from .manifest import DELTA, FULL, PENDING, REMOVED, SaveRef, ShardManifest, TableEntry
+from .array_files import read_array, stream_array
 
 # A chain longer than this is a loop in damaged manifests, not a job's saves.
 _MAX_LINKS = 100_000
@@ -24,33 +26,35 @@ class Link:
     """One save of a chain: its dense prefix, the shards read of it ({rank: directory}) and their
     manifests, and the world size that wrote it."""
     path: str
-    shards: dict
-    manifests: dict
+    shards: Dict[int, str]
+    manifests: Dict[int, ShardManifest]
     world_size: int
 
     @property
-    def _manifest(self) -> dict:
+    def _manifest(self) -> ShardManifest:
         return self.manifests[min(self.manifests)]
 
     @property
     def kind(self) -> str:
-        return self._manifest.get("kind", FULL)
+        return self._manifest.kind
 
     @property
-    def step(self):
-        return self._manifest.get("step")
+    def step(self) -> Optional[int]:
+        return self._manifest.step
 
     @property
-    def save_id(self):
-        return self._manifest.get("save_id")
+    def save_id(self) -> Optional[str]:
+        return self._manifest.save_id
 
-    def ref(self, key: str) -> SaveRef:
-        """The save that this delta's manifest names as its "previous" or "base"."""
-        given = self._manifest.get(key)
-        if not isinstance(given, dict) or not all(k in given for k in ("name", "step", "save_id")):
-            raise CheckpointError(f"{self.shards[min(self.shards)]}/{MANIFEST}: a delta without a valid {key!r} "
-                                  "entry (name, step, save_id); the chain cannot be followed")
-        return SaveRef(str(given["name"]), given["step"], str(given["save_id"]))
+    @property
+    def previous(self) -> SaveRef:
+        """The save this delta builds on (a delta's manifest always names it: read_manifest checks)."""
+        return self._manifest.previous
+
+    @property
+    def base(self) -> SaveRef:
+        """The full save at the start of this delta's chain."""
+        return self._manifest.base
 
 
 def every_shard(root: str) -> tuple:
@@ -69,7 +73,7 @@ def link_of(save_path: str, select=every_shard) -> Link:
     manifests = {r: read_manifest(d) for r, d in sorted(shards.items())}
     link = Link(save_path, shards, manifests, size)
     for rank, manifest in manifests.items():
-        mine = (manifest.get("kind", FULL), manifest.get("save_id"), manifest.get("step"))
+        mine = (manifest.kind, manifest.save_id, manifest.step)
         if mine != (link.kind, link.save_id, link.step):
             raise CheckpointError(f"{shards[rank]}/{MANIFEST}: says {mine[0]} save {mine[1]} of step {mine[2]}, "
                                   f"another shard of the same checkpoint {link.kind} save {link.save_id} of step "
@@ -87,7 +91,7 @@ def resolve(save_path: str, select=every_shard) -> list:
         if len(links) > _MAX_LINKS:
             raise CheckpointError(f"{save_path}: a chain of more than {_MAX_LINKS} saves; its manifests are damaged")
         delta = links[-1]
-        previous, base = delta.ref("previous"), delta.ref("base")
+        previous, base = delta.previous, delta.base
         path = os.path.join(os.path.dirname(os.path.abspath(delta.path)), previous.name)
         why = (f"{save_path} is an incremental checkpoint, restored with the saves it builds on: "
                f"{os.path.basename(delta.path)} holds what changed since {path} (step {previous.step})")
@@ -101,7 +105,7 @@ def resolve(save_path: str, select=every_shard) -> list:
             raise CheckpointError(f"{why}, but {path} is another save (save {link.save_id} of step {link.step} by "
                                   f"{link.world_size} ranks, not save {previous.save_id} of step {previous.step} by "
                                   f"{delta.world_size}): it was saved again since, so the chain is broken")
-        if link.kind == FULL and link.save_id != base.save_id or link.kind == DELTA and link.ref("base") != base:
+        if link.kind == FULL and link.save_id != base.save_id or link.kind == DELTA and link.base != base:
             raise CheckpointError(f"{why}, but {path} belongs to another chain (its base is not {base.name}, "
                                   f"save {base.save_id})")
         links.append(link)
@@ -126,20 +130,20 @@ def table_keys(links: list, table: str) -> tuple:
     """([[keys per shard] per link], [removed keys per link]) of `table`, read and checked."""
     keys, removed = [], []
     for link in links:
-        keys.append([read_array(shard, _entry(link, rank, table)["files"]["keys"], f"table {table!r} keys")
+        keys.append([read_array(shard, _entry(link, rank, table).files["keys"], f"table {table!r} keys")
                      for rank, shard in sorted(link.shards.items())])
-        gone = [read_array(shard, _entry(link, rank, table)["files"][REMOVED], f"table {table!r} removed")
+        gone = [read_array(shard, _entry(link, rank, table).files[REMOVED], f"table {table!r} removed")
                 for rank, shard in sorted(link.shards.items()) if link.kind == DELTA]
         removed.append(np.concatenate(gone) if gone else np.empty(0, np.int64))
     return keys, removed
 
 
-def _entry(link, rank, table):
-    entry = link.manifests[rank].get("tables", {}).get(table)
+def _entry(link, rank, table) -> TableEntry:
+    entry = link.manifests[rank].tables.get(table)
     if entry is None:
         raise CheckpointError(f"{link.shards[rank]}/{MANIFEST}: has no table {table!r}; it has "
-                              f"{sorted(link.manifests[rank].get('tables', {}))}")
-    if link.kind == DELTA and REMOVED not in entry.get("files", {}):
+                              f"{sorted(link.manifests[rank].tables)}")
+    if link.kind == DELTA and REMOVED not in entry.files:
         raise CheckpointError(f"{link.shards[rank]}/{MANIFEST}: table {table!r} of a delta has no {REMOVED!r} array")
     return entry
 
@@ -153,7 +157,7 @@ def read_chain_table(links: list, table: str, names=None, extra_rows: int = 0, p
     keys, removed = table_keys(links, table)
     masks = surviving(keys, removed)
     last = links[-1]
-    all_names = sorted({n for link in links for r in link.shards for n in _entry(link, r, table)["files"]} - {REMOVED})
+    all_names = sorted({n for link in links for r in link.shards for n in _entry(link, r, table).files} - {REMOVED})
     names = list(names) if names is not None else all_names
     parts = [(link, rank, mask) for link, link_masks in zip(links, masks)
              for (rank, _), mask in zip(sorted(link.shards.items()), link_masks)]
@@ -165,19 +169,19 @@ def read_chain_table(links: list, table: str, names=None, extra_rows: int = 0, p
         items = []
         for link, rank, mask in chosen:
             entry = _entry(link, rank, table)
-            item = entry["files"].get(name)
-            if item is None or rows_of(entry, name) is None or int(item["shape"][0]) != int(rows_of(entry, name)):
+            item = entry.files.get(name)
+            if item is None or entry.rows_of(name) is None or item.rows != entry.rows_of(name):
                 raise CheckpointError(f"{link.shards[rank]}: table {table!r} has no {name!r} array of the rows "
                                       "its manifest says")
             items.append((link, rank, mask, item))
         first = items[0][3]
-        rows = sum(int(i["shape"][0]) if m is None else int(m.sum()) for _, _, m, i in items)
-        array = (np.zeros if extra_rows else np.empty)((rows + extra_rows, *first["shape"][1:]), np.dtype(first["dtype"]))
+        rows = sum(i.rows if m is None else int(m.sum()) for _, _, m, i in items)
+        array = (np.zeros if extra_rows else np.empty)((rows + extra_rows, *first.shape[1:]), np.dtype(first.dtype))
         at = 0
         for link, rank, mask, item in items:
-            if list(item["shape"][1:]) != list(first["shape"][1:]) or item["dtype"] != first["dtype"]:
-                raise CheckpointError(f"{link.shards[rank]}: table {table!r} {name} is {item['dtype']} "
-                                      f"{item['shape']}, another shard's is {first['dtype']} {first['shape']}")
+            if item.shape[1:] != first.shape[1:] or item.dtype != first.dtype:
+                raise CheckpointError(f"{link.shards[rank]}: table {table!r} {name} is {item.dtype} "
+                                      f"{list(item.shape)}, another shard's is {first.dtype} {list(first.shape)}")
             for start, chunk in stream_array(link.shards[rank], item, f"table {table!r} {name}"):
                 kept = chunk if mask is None else chunk[mask[start:start + len(chunk)]]
                 array[at:at + len(kept)] = kept

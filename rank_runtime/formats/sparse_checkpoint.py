@@ -33,34 +33,23 @@ the supervisor's tools (orchestrator/checkpoints.py, shardrec-ckpt) read through
 no TensorFlow.
 """
 import ctypes
+import dataclasses
 import errno
-import io
 import json
-import mmap
 import os
 import re
 import shutil
-import zlib
-from dataclasses import dataclass
-
-import numpy as np
 
 from ..process.logs import get_logger
+from .array_files import MANIFEST, CheckpointError, checked_size, crc_of, file_of
+from .manifest import FULL, PER_RANK, SHARED, SaveKind, ShardManifest
 
 log = get_logger("shardrec.checkpoint")
 
-FORMAT = "shardrec-sparse-shard"
-VERSION = 1
-MANIFEST = "MANIFEST.json"
 SHARD_RE = re.compile(r"rank-(\d+)-of-(\d+)")
 SPARSE_RE = re.compile(r"sparse-(.+)")
 STAGING_SUFFIX = ".saving"
 STAGING_RE = re.compile(r"\.sparse-(.+)\.saving")
-_CHUNK = 64 * 2**20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be restored: missing, incomplete, corrupt or of another layout."""
 
 
 def sparse_dir(save_path: str) -> str:
@@ -78,27 +67,6 @@ def staging_dir(save_path: str) -> str:
 
 def shard_name(rank: int, size: int) -> str:
     return f"rank-{rank}-of-{size}"
-
-
-def array_entry(file: str, nbytes: int, crc: int, dtype: str, shape: tuple) -> dict:
-    """A manifest's entry for one array file of a table's folder."""
-    return {"file": file, "bytes": int(nbytes), "crc32": int(crc), "dtype": dtype, "shape": [int(d) for d in shape]}
-
-
-def write_array(directory: str, name: str, array: np.ndarray) -> dict:
-    """Writes `array` as <directory>/<name>.npy (not flushed: write_shard flushes a shard's files
-    together); returns its manifest entry."""
-    array = np.ascontiguousarray(array)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
-    header = header.getvalue()
-    data = memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
-    path = os.path.join(directory, f"{name}.npy")
-    with open(path, "wb") as f:
-        f.write(header)
-        f.write(data)
-    return array_entry(f"{name}.npy", len(header) + data.nbytes, zlib.crc32(data, zlib.crc32(header)),
-                       array.dtype.str, array.shape)
 
 
 def _fsync_path(path):
@@ -119,69 +87,11 @@ def _fsync_tree(root):
         _fsync_path(directory)
 
 
-PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
-ADMISSION_ARRAYS = ("counts", "last_seen", *PENDING)
-REMOVED = "removed"
-FULL, DELTA = "full", "delta"
-
-
-def rows_of(entry: dict, name: str):
-    """The rows the manifest's table `entry` says its array `name` has."""
-    if name in PENDING:
-        return (entry.get("admission") or {}).get("pending_rows")
-    if name == REMOVED:
-        return entry.get("removed_rows")
-    return entry.get("rows")
-
-
-@dataclass(frozen=True)
-class SaveRef:
-    """A save that a delta builds on: its dense prefix's base name (model.ckpt-40), step and id."""
-    name: str
-    step: int
-    save_id: str
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "step": self.step, "save_id": self.save_id}
-
-
-@dataclass(frozen=True)
-class SaveKind:
-    """What a shard's manifest says of its save: a full one, or a delta on `previous` (and so on
-    back to `base`, the full save)."""
-    kind: str
-    save_id: str
-    base: SaveRef = None
-    previous: SaveRef = None
-
-    def manifest_fields(self) -> dict:
-        out = {"kind": self.kind, "save_id": self.save_id}
-        if self.kind == DELTA:
-            out.update(base=self.base.as_dict(), previous=self.previous.as_dict())
-        return out
-
-
 def admission_arrays(state) -> dict:
     """A table's admission arrays by file name, from the native core's IndexState of a save: the
     one place that pairs the files with the state's fields."""
     return {"counts": state.counts, "last_seen": state.last_seen, "pending_keys": state.pending.keys,
             "pending_counts": state.pending.counts, "pending_last_seen": state.pending.last_seen}
-
-
-@dataclass
-class TableFiles:
-    """What a table's writer put into its folder of a shard: the manifest's entry for the table.
-    files: array name ("keys", "values", "<optimizer>.<slot>", with admission "counts",
-    "last_seen" and PENDING) -> its entry (write_array / array_entry), file names relative to the
-    folder. admission: {access_threshold, eviction_threshold, newest, pending_rows} or None."""
-    dim: int
-    key_dtype: str
-    rows: int
-    optimizers: list
-    slots: list
-    files: dict
-    admission: dict = None
-    removed_rows: int = None  # a delta's keys removed since the previous save (REMOVED's rows)
 
 
 def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: dict, shared: bool,
@@ -199,24 +109,19 @@ def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: 
     tmp = os.path.join(root, f".tmp-{shard_name(rank, size)}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    manifest = {"format": FORMAT, "version": VERSION, "step": step, "rank": rank, "world_size": size,
-                "layout": "shared" if shared else "per_rank", **(kind.manifest_fields() if kind else {}), "tables": {}}
+    entries = {}
     try:
         for name, write in tables.items():
             folder = os.path.join(tmp, name)
             os.makedirs(folder)
-            table = write(folder)
-            entry = {"dim": table.dim, "key_dtype": table.key_dtype, "rows": table.rows, "optimizers": table.optimizers,
-                     "slots": table.slots,
-                     "files": {k: dict(v, file=f"{name}/{v['file']}") for k, v in table.files.items()}}
-            if table.admission is not None:
-                entry["admission"] = table.admission
-            if table.removed_rows is not None:
-                entry["removed_rows"] = table.removed_rows
-            manifest["tables"][name] = entry
+            entry = write(folder)
+            entries[name] = dataclasses.replace(entry, files={k: v.moved_into(name) for k, v in entry.files.items()})
+        kind = kind or SaveKind(FULL, None)
+        manifest = ShardManifest(step, rank, size, SHARED if shared else PER_RANK, entries, kind.kind, kind.save_id,
+                                 kind.base, kind.previous)
         _fsync_tree(tmp)  # every file on disk before the manifest that commits them
         with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
+            json.dump(manifest.to_json(), f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         _fsync_path(tmp)
@@ -285,20 +190,22 @@ def move_into_place(tmp: str, final: str) -> None:
         os.rename(tmp, final)
 
 
-def read_manifest(shard_dir: str) -> dict:
+def read_manifest(shard_dir: str) -> ShardManifest:
+    """The manifest of one committed shard, validated (manifest.py); a CheckpointError names what is wrong."""
     path = os.path.join(shard_dir, MANIFEST)
     try:
         with open(path) as f:
-            manifest = json.load(f)
+            raw = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; the shard was never committed (a save that did not finish)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a valid manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise CheckpointError(f"{path}: not a {FORMAT} manifest of version {VERSION}")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: not a valid manifest (not an object)")
+    manifest = ShardManifest.from_json(raw, path)
     m = SHARD_RE.fullmatch(os.path.basename(os.path.normpath(shard_dir)))
-    if not m or (int(m.group(1)), int(m.group(2))) != (manifest.get("rank"), manifest.get("world_size")):
-        raise CheckpointError(f"{path}: says rank {manifest.get('rank')} of {manifest.get('world_size')}, "
+    if not m or (int(m.group(1)), int(m.group(2))) != (manifest.rank, manifest.world_size):
+        raise CheckpointError(f"{path}: says rank {manifest.rank} of {manifest.world_size}, "
                               f"but lies in {os.path.basename(shard_dir)!r}")
     return manifest
 
@@ -341,40 +248,21 @@ def needed_shards(root: str, rank: int, size: int) -> tuple:
     """(the shards this rank reads to restore from `root` into a world of `size`, {rank: dir},
     the world size that wrote it). Raises CheckpointError when one is missing."""
     shards, saved_size = find_shards(root)
-    layout = read_manifest(next(iter(shards.values()))).get("layout")
-    if layout == "per_rank" and saved_size != size:
+    shared = read_manifest(next(iter(shards.values()))).shared
+    if not shared and saved_size != size:
         raise CheckpointError(f"{root}: written by {saved_size} ranks each under its own path; such a checkpoint "
                               f"restores into {saved_size} ranks only (this job has {size}). To change the number "
                               "of ranks, save with the same path on every rank")
     # The same world reads its own shard; another world size reads them all and keeps its keys.
     needed = [rank] if saved_size == size else list(range(saved_size))
     missing = [r for r in needed if r not in shards]
-    if layout == "shared" and not missing:
+    if shared and not missing:
         missing = [r for r in range(saved_size) if r not in shards]
     if missing:
         raise CheckpointError(f"{root}: the shards of rank(s) {missing} of {saved_size} are missing (no committed "
                               f"{shard_name(missing[0], saved_size)}/{MANIFEST}); the save did not finish on "
                               "every rank")
     return {r: shards[r] for r in needed}, saved_size
-
-
-def _file_of(shard_dir, entry, what):
-    """The path of a manifest's file entry, which must lie in a table folder of the shard."""
-    path = os.path.normpath(os.path.join(shard_dir, str(entry.get("file"))))
-    if os.path.dirname(os.path.dirname(path)) != os.path.normpath(shard_dir):
-        raise CheckpointError(f"{shard_dir}/{MANIFEST}: file {entry.get('file')!r} of {what} lies outside the shard")
-    return path
-
-
-def _checked_size(path, entry, what):
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing ({what})") from None
-    if size != entry.get("bytes"):
-        raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry.get('bytes')} ({what}; truncated or "
-                              "replaced)")
-    return size
 
 
 def verify_shard(shard_dir: str, checksums: bool = True) -> tuple:
@@ -385,122 +273,18 @@ def verify_shard(shard_dir: str, checksums: bool = True) -> tuple:
     except CheckpointError as e:
         return None, [str(e)]
     problems = []
-    for table, entry in sorted(manifest.get("tables", {}).items()):
-        for name, item in sorted(entry.get("files", {}).items()):
-            rows = rows_of(entry, name)
+    for table, entry in sorted(manifest.tables.items()):
+        for name, item in sorted(entry.files.items()):
+            rows = entry.rows_of(name)
             what = f"table {table!r} {name}"
             try:
-                path = _file_of(shard_dir, item, what)
-                _checked_size(path, item, what)
-                if checksums and _crc_of(path) != item.get("crc32"):
+                path = file_of(shard_dir, item, what)
+                checked_size(path, item, what)
+                if checksums and crc_of(path) != item.crc32:
                     raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
-                if not item.get("shape") or item["shape"][0] != rows:
-                    raise CheckpointError(f"{path}: holds {item.get('shape')} rows, but the manifest says rows = "
+                if not item.shape or item.shape[0] != rows:
+                    raise CheckpointError(f"{path}: holds {list(item.shape)} rows, but the manifest says rows = "
                                           f"{rows} for table {table!r}")
             except CheckpointError as e:
                 problems.append(str(e))
     return manifest, problems
-
-
-def _crc_of(path):
-    crc = 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                return crc
-            crc = zlib.crc32(chunk, crc)
-
-
-def _parse_header(path, stream, entry):
-    """(shape, dtype) from an .npy header at the stream's position, checked against the manifest."""
-    try:
-        version = np.lib.format.read_magic(stream)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read_header(stream)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not an array file ({e})") from None
-    if list(shape) != entry["shape"] or dtype.str != entry["dtype"] or fortran or dtype.hasobject:
-        raise CheckpointError(f"{path}: holds {dtype.str}{list(shape)}, the manifest says {entry['dtype']}{entry['shape']}")
-    return shape, dtype
-
-
-def stream_array(shard_dir: str, entry: dict, what: str, chunk_bytes: int = _CHUNK):
-    """Yields (first row, rows) of one array of a shard, a chunk at a time, checked against its
-    manifest entry on the way: size and header before the first chunk, the CRC-32 after the last
-    (a CheckpointError then; what was yielded came from a damaged file). Each chunk lives in one
-    reused buffer: use it before asking for the next."""
-    path = _file_of(shard_dir, entry, what)
-    _checked_size(path, entry, what)
-    with open(path, "rb", buffering=0) as f:
-        head = f.read(4096)
-        stream = io.BytesIO(head)
-        shape, dtype = _parse_header(path, stream, entry)
-        data_start = stream.tell()
-        crc = zlib.crc32(memoryview(head)[:data_start])
-        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        buf = bytearray(max(row_bytes, chunk_bytes // max(row_bytes, 1) * row_bytes))
-        view = memoryview(buf)
-        carried = len(head) - data_start  # data bytes read with the header
-        view[:carried] = memoryview(head)[data_start:]
-        first = 0
-        while True:
-            got = carried
-            while got < len(buf):
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-            carried = 0
-            usable = got - got % row_bytes if row_bytes else got
-            if usable:
-                crc = zlib.crc32(view[:usable], crc)
-                rows = usable // row_bytes
-                yield first, np.frombuffer(buf, dtype=dtype, count=rows * (row_bytes // dtype.itemsize)).reshape(
-                    (rows, *shape[1:]))
-                first += rows
-            if got < len(buf):
-                crc = zlib.crc32(view[usable:got], crc)
-                break
-    if crc != entry["crc32"] or first != shape[0]:
-        raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
-
-
-def map_array(shard_dir: str, entry: dict, what: str, chunk_bytes: int = _CHUNK):
-    """stream_array's chunks for a file verified before (stream_array), without its checksum: read
-    through a read-only mapping of the page cache instead of copied into a buffer, each chunk's
-    pages dropped from the mapping once used, so that a mapped file never counts whole in the
-    process's memory."""
-    path = _file_of(shard_dir, entry, what)
-    _checked_size(path, entry, what)
-    with open(path, "rb") as f:
-        # Unmapped when the last chunk handed out is gone (a chunk holds the mapping).
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    stream = io.BytesIO(mapped[:4096])
-    shape, dtype = _parse_header(path, stream, entry)
-    start = stream.tell()
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    step = max(1, chunk_bytes // max(row_bytes, 1))
-    dropped = 0
-    for first in range(0, shape[0], step):
-        rows = min(step, shape[0] - first)
-        yield first, np.frombuffer(mapped, dtype=dtype, count=rows * (row_bytes // dtype.itemsize),
-                                   offset=start + first * row_bytes).reshape((rows, *shape[1:]))
-        end = (start + (first + rows) * row_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > dropped:
-            mapped.madvise(mmap.MADV_DONTNEED, dropped, end - dropped)
-            dropped = end
-
-
-def read_array(shard_dir: str, entry: dict, what: str) -> np.ndarray:
-    """Reads one array of a shard and checks it against its manifest entry."""
-    path = _file_of(shard_dir, entry, what)
-    size = _checked_size(path, entry, what)
-    buf = bytearray(size)
-    with open(path, "rb") as f:
-        f.readinto(buf)
-    if zlib.crc32(buf) != entry["crc32"]:
-        raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
-    stream = io.BytesIO(buf)
-    shape, dtype = _parse_header(path, stream, entry)
-    return np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape)

@@ -13,11 +13,10 @@ import signal
 from . import heartbeat
 from ..formats.heartbeat_format import RESIZE_SIGNAL
 from .logs import get_logger
+from .state import STATE
 
 log = get_logger("shardrec.resize")
 SIGNAL = RESIZE_SIGNAL
-_asked = []  # appended to by the handler (a list: nothing to declare global in a signal handler)
-_said = []
 
 
 def install() -> None:
@@ -30,18 +29,18 @@ def install() -> None:
 
 
 def _handle(signum, frame):
-    _asked.append(signum)
+    STATE.resize.asked = True
 
 
 def requested() -> bool:
-    return bool(_asked)
+    return STATE.resize.asked
 
 
 def stop(batches: int) -> None:
     """The training input ended after `batches` for the resize: said once in the log, and in every
     beat from here on (the supervisor restarts the job only when the ranks confirm the stop)."""
-    if not _said:
-        _said.append(batches)
+    if STATE.resize.stopped_after is None:
+        STATE.resize.stopped_after = batches
         log.info("the supervisor asked the job to stop for a resize: the training input ends here, after %d "
                  "batch(es) of this pass, on every rank; the job resumes on its new ranks from the checkpoint "
                  "saved at the end of training", batches)

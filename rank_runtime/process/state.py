@@ -3,12 +3,21 @@ one struct): what init() was given, the world and its communicators, what was pa
 into TensorFlow, what the heartbeat and the logs carry. Everything else in `rank_runtime/` is
 per graph (config.GraphState) or per object.
 
-This module imports nothing of shardrec, so any module may read it; each field says which module
-owns (writes) it. Tests and terminate_config_initializer() reset what they own.
+This module imports nothing of shardrec when it runs (its types are named for readers and type
+checkers only), so any module may read it; each field says which module owns (writes) it. Tests
+and terminate_config_initializer() reset what they own. tests/test_imports.py fails on a
+module-level variable that holds state anywhere else.
 """
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
+
+if TYPE_CHECKING:
+    from ..embedding.table import EmbeddingTable
+    from ..formats.heartbeat_format import Heartbeat
+    from ..serving.export import ServingExport
+    from .config import RuntimeConfig
+    from .world import World
 
 
 @dataclass
@@ -16,36 +25,47 @@ class HeartbeatState:
     """heartbeat.py's: the next beat (a heartbeat_format.Heartbeat, set by start()), when the last
     was written, the tables watched."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    beat: Any = None
+    beat: "Optional[Heartbeat]" = None
     written: float = 0.0
     fd: Optional[int] = None
-    tables: dict = field(default_factory=dict)
+    tables: "Dict[str, EmbeddingTable]" = field(default_factory=dict)
     # What the last progress beat read of the tables (the ticker repeats it).
-    sizes: dict = field(default_factory=dict)
-    admission: dict = field(default_factory=dict)
-    tiers: dict = field(default_factory=dict)
+    sizes: Dict[str, int] = field(default_factory=dict)
+    admission: Dict[str, dict] = field(default_factory=dict)
+    tiers: Dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class ResizeState:
+    """resize.py's: the supervisor asked for a stop (set by the signal handler, which may only set a
+    field), and the batch after which this rank's input stopped for it (said once)."""
+    asked: bool = False
+    stopped_after: Optional[int] = None
 
 
 @dataclass
 class ProcessState:
     # config.py / lifecycle.py: the RuntimeConfig of the running init(), None before and after.
-    config: Any = None
+    config: "Optional[RuntimeConfig]" = None
     terminate_registered: bool = False
     # world.py: the World (MPI, Horovod, the communicators), made by the first init().
-    world: Any = None
+    world: "Optional[World]" = None
     # tf_patches.py: TensorFlow's classes and functions were patched (once per process), and
     # TensorFlow's own get_checkpoint_state that saver.get_checkpoint_state falls back on.
     tensorflow_patched: bool = False
     tf_get_checkpoint_state: Optional[Callable] = None
     # native_ops.py: the op libraries loaded, by path.
-    op_libraries: dict = field(default_factory=dict)
+    op_libraries: Dict[str, object] = field(default_factory=dict)
     # logs.py: what every log line starts with, and the warnings already given once.
     rank_text: str = "rank 0/1"
-    warned: set = field(default_factory=set)
+    warned: Set[str] = field(default_factory=set)
     # exit_hooks.py: the statuses sys.exit was called with; whether its hooks are installed.
-    exit_statuses: list = field(default_factory=list)
+    exit_statuses: List[object] = field(default_factory=list)
     exit_hooks_installed: bool = False
     heartbeat: HeartbeatState = field(default_factory=HeartbeatState)
+    resize: ResizeState = field(default_factory=ResizeState)
+    # serving/export.py: the export in progress in this process (create_table and sparse_lookup ask).
+    serving_export: "Optional[ServingExport]" = None
 
 
 STATE = ProcessState()

@@ -16,12 +16,12 @@ import tensorflow as tf
 
 from ..pipeline.feature_spec import FeatureSpec
 from ..process.logs import get_logger
+from ..process.state import STATE
 from ..formats.sparse_checkpoint import CheckpointError, move_into_place
 from .saved_rows import SavedTables, saved_tables
 from .stock_table import StockTable
 
 log = get_logger("shardrec.serving")
-_active = None
 
 
 @dataclass
@@ -117,21 +117,20 @@ class ServingExport:
 
 def active() -> "ServingExport | None":
     """The export in progress in this process, or None (create_table and sparse_lookup ask)."""
-    return _active
+    return STATE.serving_export
 
 
 @contextlib.contextmanager
 def exporting(save_path):
     """Makes the graph built inside an export graph (create_table, sparse_lookup stock ops);
     save_path: a checkpoint prefix, or every rank's prefix of one saved under a path per rank."""
-    global _active
-    if _active is not None:
+    if STATE.serving_export is not None:
         raise RuntimeError("an export is already in progress in this process")
-    _active = ServingExport(save_path)
+    STATE.serving_export = ServingExport(save_path)
     try:
-        yield _active
+        yield STATE.serving_export
     finally:
-        _active = None
+        STATE.serving_export = None
 
 
 class ExportSaver(tf.compat.v1.train.Saver):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.checkpoint_chain import Link, read_chain_table, resolve, surviving, table_keys
-from ..formats.sparse_checkpoint import DELTA, CheckpointError, find_shards, read_manifest, sparse_dir
+from ..formats.sparse_checkpoint import CheckpointError, find_shards, read_manifest, sparse_dir
+from ..formats.manifest import DELTA, PER_RANK
 from ..process.logs import get_logger
 
 log = get_logger("shardrec.serving")
@@ -59,9 +60,9 @@ def _all_shards(save_paths: list) -> tuple:
     size = sizes.pop()
     missing = [r for r in range(size) if r not in shards]
     if missing:
-        layout = read_manifest(next(iter(shards.values()))).get("layout")
+        layout = read_manifest(next(iter(shards.values()))).layout
         how = (f"; it was written by {size} ranks each under its own path (saver.save(sess, f'dir/model-{{rank}}')): "
-               "give every rank's checkpoint prefix" if layout == "per_rank" else "")
+               "give every rank's checkpoint prefix" if layout == PER_RANK else "")
         raise CheckpointError(f"{save_paths[0] if len(save_paths) == 1 else save_paths}: the shards of rank(s) "
                               f"{missing} of {size} are missing; an export needs every rank's rows{how}")
     return shards, size
@@ -77,25 +78,25 @@ def saved_tables(save_paths) -> SavedTables:
     shards, size = _all_shards(paths)
     manifests = {r: read_manifest(d) for r, d in shards.items()}
     first = next(p for p in paths if os.path.dirname(shards[0]) == sparse_dir(p))
-    if any(m.get("kind") == DELTA for m in manifests.values()):
+    if any(m.kind == DELTA for m in manifests.values()):
         if len(paths) > 1:
             raise CheckpointError(f"{paths}: deltas of an incremental job saved under a path per rank; export a full "
                                   "save, or save under one path on every rank")
         links = resolve(first)
     else:
         links = [Link(first, shards, manifests, size)]
-    steps = {m.get("step") for m in manifests.values()}
+    steps = {m.step for m in manifests.values()}
     if len(steps) > 1:
         raise CheckpointError(f"{paths}: the shards are of different steps {sorted(steps, key=str)}")
     tables = {}
     for rank, manifest in sorted(manifests.items()):
-        for name, entry in manifest.get("tables", {}).items():
+        for name, entry in manifest.tables.items():
             seen = tables.get(name)
-            dim, key_dtype = int(entry["dim"]), str(entry["key_dtype"])
+            dim, key_dtype = entry.dim, entry.key_dtype
             if seen is not None and (seen.dim, seen.key_dtype) != (dim, key_dtype):
                 raise CheckpointError(f"{shards[rank]}: table {name!r} has dim {dim} ({key_dtype} keys) here and "
                                       f"dim {seen.dim} ({seen.key_dtype} keys) in another rank's shard")
-            tables[name] = SavedTable(name, dim, key_dtype, (seen.rows if seen else 0) + int(entry["rows"]))
+            tables[name] = SavedTable(name, dim, key_dtype, (seen.rows if seen else 0) + entry.rows)
     if len(links) > 1:  # a delta's rows are what changed: the chain's keys say how many the step holds
         for name, table in tables.items():
             keys, removed = table_keys(links, name)

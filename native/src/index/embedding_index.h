@@ -11,9 +11,10 @@
 //     evicted for) batches T, T+1, ...; export_as_of(T) takes them back;
 //   - with an SSD tier, the rows that live on SSD (ssd_rows.h) and, for every table, the tickets of
 //     each channel's batches (residency.h);
-//   - for incremental checkpoints, what changed since the last save: a byte per row (row_store.h's
-//     `changed`, set by the optimizers' kernels and by a new key taking a row) and, once
-//     track_changes() is on, the keys removed since (evicted or erased), with the step of removal.
+//   - for incremental checkpoints, what changed since the last save (change_tracker.h);
+//   - a checkpoint's view of the keys and their rows (index_export.h), through the rows of either
+//     tier (located_rows.h).
+// The index holds the lock and the order of operations; the parts hold the work.
 // Thread-safe: the train and eval pipelines of a table run in different TensorFlow threads. A new
 // row beyond the rows in use puts the next chunk of the store in use (dynamic expansion), on the
 // pipeline's thread, before any kernel sees it.
@@ -30,16 +31,19 @@
 #include <utility>
 #include <vector>
 
-#include "storage/array_file.h"
 #include "exchange/channel.h"
+#include "index/change_tracker.h"
 #include "index/counting_keys.h"
+#include "index/index_export.h"
 #include "index/index_state.h"
 #include "index/key_row_map.h"
+#include "index/located_rows.h"
+#include "index/step_journal.h"
+#include "storage/array_file.h"
 #include "storage/memory_rows.h"
 #include "storage/residency.h"
 #include "storage/row_store.h"
 #include "storage/ssd_rows.h"
-#include "index/step_journal.h"
 
 namespace shardrec {
 
@@ -192,17 +196,11 @@ class EmbeddingIndex {
   // store, SSD rows in their records (checked against their keys and checksums).
   void read_rows(int c, const int64_t* keys, const int32_t* locs, size_t n, float* out) const {
     std::lock_guard<std::mutex> g(mu_);
-    read_rows_locked(c, keys, locs, n, out);
+    located_.read(c, keys, locs, n, out);
   }
   void write_rows(int c, const int64_t* keys, const int32_t* locs, size_t n, const float* in) {
     std::lock_guard<std::mutex> g(mu_);
-    const int64_t dim = store_->dim();
-    for (size_t i = 0; i < n; ++i) {
-      if (at_.on_ssd(locs[i]))
-        ssd_->write_row(c, keys[i], locs[i], in + i * dim);
-      else
-        std::memcpy(store_->column(c) + static_cast<int64_t>(locs[i]) * dim, in + i * dim, dim * sizeof(float));
-    }
+    located_.write(c, keys, locs, n, in);
   }
 
   // A checkpoint's view: every key (as of training step `step`, or as the index is when `as_of` is
@@ -215,11 +213,11 @@ class EmbeddingIndex {
   Snapshot snapshot(bool as_of, int64_t step, const std::vector<int>& columns) const {
     std::lock_guard<std::mutex> g(mu_);
     Snapshot out;
-    export_state_locked(as_of, step, out.state);
+    export_.state(as_of, step, newest_, out.state);
     const size_t n = out.state.keys.size();
     for (int c : columns) {
       out.columns.emplace_back(n * static_cast<size_t>(store_->dim()));
-      read_rows_locked(c, out.state.keys.data(), out.state.rows.data(), n, out.columns.back().data());
+      located_.read(c, out.state.keys.data(), out.state.rows.data(), n, out.columns.back().data());
     }
     return out;
   }
@@ -242,26 +240,11 @@ class EmbeddingIndex {
     std::lock_guard<std::mutex> g(mu_);
     SavedColumns out;
     const bool delta = mode == SaveMode::kDelta;
-    export_state_locked(as_of, step, out.state, delta);
-    if (delta) keep_changed(out.state);
-    if (mode != SaveMode::kPlain) take_removed(as_of ? step : INT64_MAX, out.state.removed);
-    if (mode == SaveMode::kFull) {
-      clear_changed_locked();
-      cleared_ = false;
-    }
-    const size_t n = out.state.keys.size(), dim = static_cast<size_t>(store_->dim());
-    chunk_rows = std::max<size_t>(1, std::min(chunk_rows, n));
-    std::vector<float> chunk(chunk_rows * dim);
-    const std::string header = npy_header("<f4", {static_cast<int64_t>(n), static_cast<int64_t>(dim)});
-    for (size_t j = 0; j < columns.size(); ++j) {
-      ArrayFileWriter file(paths.at(j), header);
-      for (size_t b = 0; b < n; b += chunk_rows) {
-        const size_t m = std::min(chunk_rows, n - b);
-        read_rows_locked(columns[j], out.state.keys.data() + b, out.state.rows.data() + b, m, chunk.data());
-        file.write(chunk.data(), m * dim * sizeof(float));
-      }
-      out.files.push_back(file.finish());
-    }
+    export_.state(as_of, step, newest_, out.state, delta);
+    if (delta) changes_.keep_changed(out.state);
+    if (mode != SaveMode::kPlain) changes_.take_removed(as_of ? step : INT64_MAX, out.state.removed);
+    if (mode == SaveMode::kFull) changes_.forget(true);
+    out.files = export_.write_columns(out.state, store_->dim(), columns, paths, chunk_rows);
     return out;
   }
 
@@ -269,28 +252,22 @@ class EmbeddingIndex {
   // From now on keys removed are remembered until a save takes them (off: nothing is kept).
   void track_changes(bool on) {
     std::lock_guard<std::mutex> g(mu_);
-    tracking_ = on;
-    store_->set_tracking(on);
-    if (!on) removed_.clear();
-    if (on && !ssd_) map_.for_each([&](int64_t k, int32_t s) { store_->row_keys()[s] = k; });
+    changes_.set(on);
   }
   // Every row as saved: after a restore, the rows equal the checkpoint's.
   void clear_changes() {
     std::lock_guard<std::mutex> g(mu_);
-    clear_changed_locked();
-    removed_.clear();
+    changes_.forget(false);
   }
   // Whether clear() emptied the index since the last full save (a restore, a warm start): the keys
   // it dropped are in no removal list, so the next save must be a full one.
   bool cleared_since_full_save() const {
     std::lock_guard<std::mutex> g(mu_);
-    return cleared_;
+    return changes_.cleared_since_full_save();
   }
   size_t changed_rows() const {
     std::lock_guard<std::mutex> g(mu_);
-    size_t n = 0;
-    for_each_changed([&](int64_t, int32_t) { ++n; });
-    return n;
+    return changes_.changed_rows();
   }
 
   // ---- admission and eviction, set before the first batch. access < 0: every key gets a row at
@@ -342,10 +319,10 @@ class EmbeddingIndex {
       if (i + 8 < old.size()) map_.prefetch(old[i + 8]);
       const int64_t k = old[i];
       const int32_t s = map_.erase(k);
-      if (log != nullptr) log->push_back({k, ts_at(s), count_at(s), s, StepJournal::Was::kRow});
+      if (log != nullptr) log->push_back({k, located_.ts(s), located_.count(s), s, StepJournal::Was::kRow});
       if (ssd_ && !at_.on_ssd(s)) ssd_->forget(s);
       quarantine_.emplace_back(step, s);
-      if (tracking_) removed_.emplace_back(k, step);
+      changes_.removed(k, step);
     }
     counters_.evicted += old.size();
     const size_t rows = old.size();
@@ -379,15 +356,15 @@ class EmbeddingIndex {
   void read_metadata(const int32_t* rows, size_t n, uint32_t* counts, int64_t* last_seen) const {
     std::lock_guard<std::mutex> g(mu_);
     for (size_t i = 0; i < n; ++i) {
-      counts[i] = count_at(rows[i]);
-      last_seen[i] = ts_at(rows[i]);
+      counts[i] = located_.count(rows[i]);
+      last_seen[i] = located_.ts(rows[i]);
     }
   }
   void write_metadata(const int32_t* rows, size_t n, const uint32_t* counts, const int64_t* last_seen) {
     std::lock_guard<std::mutex> g(mu_);
     for (size_t i = 0; i < n; ++i) {
-      count_at(rows[i]) = counts[i];
-      ts_at(rows[i]) = last_seen[i];
+      located_.count(rows[i]) = counts[i];
+      located_.ts(rows[i]) = last_seen[i];
     }
   }
 
@@ -396,12 +373,12 @@ class EmbeddingIndex {
   // those of step `step`.
   IndexState export_as_of(int64_t step) const {
     std::lock_guard<std::mutex> g(mu_);
-    return export_as_of_locked(step);
+    return export_.as_of_step(step, newest_);
   }
   // Every (key, row) pair, in row order so exports are reproducible.
   void export_pairs(std::vector<int64_t>& keys, std::vector<int32_t>& rows) const {
     std::lock_guard<std::mutex> g(mu_);
-    export_pairs_locked(keys, rows);
+    export_.pairs(keys, rows);
   }
   PendingKeys export_pending() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -432,7 +409,7 @@ class EmbeddingIndex {
       const int32_t row = map_.erase(keys[i]);
       if (row == KeyRowMap::kEmpty) continue;
       free_location(row);
-      if (tracking_) removed_.emplace_back(keys[i], INT64_MIN);  // before any step: the next save takes it
+      changes_.removed(keys[i], INT64_MIN);
       ++removed;
     }
     counters_.erased += removed;
@@ -448,8 +425,7 @@ class EmbeddingIndex {
     counting_.clear();
     quarantine_.clear();
     journal_.clear();
-    removed_.clear();
-    cleared_ = true;
+    changes_.emptied();
     newest_ = -1;
     if (ssd_) ssd_->clear();
   }
@@ -516,116 +492,9 @@ class EmbeddingIndex {
     for (size_t b = 0; b < buckets; ++b) {
       if (b + kAhead < buckets && map_.occupied(b + kAhead) && map_.row_at(b + kAhead) < capacity_)
         __builtin_prefetch(last_seen + map_.row_at(b + kAhead));
-      if (map_.occupied(b) && ts_at(map_.row_at(b)) <= cutoff) old.push_back(map_.key_at(b));
+      if (map_.occupied(b) && located_.ts(map_.row_at(b)) <= cutoff) old.push_back(map_.key_at(b));
     }
     return old;
-  }
-
-  void read_rows_locked(int c, const int64_t* keys, const int32_t* locs, size_t n, float* out) const {
-    if (!ssd_) {
-      store_->read_rows(c, locs, static_cast<int64_t>(n), out);
-      return;
-    }
-    const int64_t dim = store_->dim();
-    for (size_t i = 0; i < n; ++i) {
-      if (at_.on_ssd(locs[i]))
-        ssd_->read_row(c, keys[i], locs[i], out + i * dim);
-      else
-        std::memcpy(out + i * dim, store_->column(c) + static_cast<int64_t>(locs[i]) * dim, dim * sizeof(float));
-    }
-  }
-
-  // only_changed: the keys whose rows changed since the last save alone (a delta), and those that
-  // the journal brings back; the journal's undo needs no other key.
-  IndexState export_as_of_locked(int64_t step, bool only_changed = false) const {
-    KeyStates rows, pending;
-    rows.reserve(only_changed ? 1024 : map_.size());
-    auto keep = [&](int64_t k, int32_t s) { rows[k] = KeyState{s, count_at(s), ts_at(s)}; };
-    if (only_changed)
-      for_each_changed(keep);
-    else
-      map_.for_each(keep);
-    counting_.for_each([&](int64_t k, int32_t p) { pending[k] = KeyState{-1, counting_.count(p), counting_.last_seen(p)}; });
-    IndexState out;
-    out.exact = journal_.reaches(step);
-    out.newest = journal_.undo(step, rows, pending, newest_, only_changed);
-    std::vector<std::pair<int32_t, int64_t>> order;
-    order.reserve(rows.size());
-    for (const auto& [k, e] : rows) order.emplace_back(e.row, k);
-    std::sort(order.begin(), order.end());
-    for (const auto& [s, k] : order) {
-      const KeyState& e = rows[k];
-      out.keys.push_back(k);
-      out.rows.push_back(s);
-      out.counts.push_back(e.count);
-      out.last_seen.push_back(e.ts);
-    }
-    std::vector<int64_t> pkeys;
-    for (const auto& kv : pending) pkeys.push_back(kv.first);
-    std::sort(pkeys.begin(), pkeys.end());
-    for (int64_t k : pkeys) {
-      out.pending.keys.push_back(k);
-      out.pending.counts.push_back(pending[k].count);
-      out.pending.last_seen.push_back(pending[k].ts);
-    }
-    return out;
-  }
-
-  // Every key and its location, as of training step `step` (with the admission state) or as the
-  // index is now (as_of false: keys and locations alone).
-  void export_state_locked(bool as_of, int64_t step, IndexState& state, bool only_changed = false) const {
-    if (as_of)
-      state = export_as_of_locked(step, only_changed);
-    else if (only_changed)
-      export_changed_pairs_locked(state.keys, state.rows);
-    else
-      export_pairs_locked(state.keys, state.rows);
-  }
-
-  // The (key, location) pairs whose rows changed since the last save, in location order: one pass
-  // over the map's buckets, which a delta of a large table costs instead of exporting every key.
-  void export_changed_pairs_locked(std::vector<int64_t>& keys, std::vector<int32_t>& rows) const {
-    std::vector<std::pair<int32_t, int64_t>> pairs;
-    for_each_changed([&](int64_t k, int32_t s) { pairs.emplace_back(s, k); });
-    std::sort(pairs.begin(), pairs.end());
-    keys.clear();
-    rows.clear();
-    keys.reserve(pairs.size());
-    rows.reserve(pairs.size());
-    for (const auto& [s, k] : pairs) {
-      keys.push_back(k);
-      rows.push_back(s);
-    }
-  }
-
-  void export_pairs_locked(std::vector<int64_t>& keys, std::vector<int32_t>& rows) const {
-    keys.clear();
-    rows.clear();
-    keys.reserve(map_.size());
-    rows.reserve(map_.size());
-    if (!ssd_) {  // memory rows alone: placed by row, no sort
-      const int32_t high = rows_.high();
-      std::vector<int64_t> by_row(high);
-      std::vector<char> used(high, 0);
-      map_.for_each([&](int64_t k, int32_t s) {
-        by_row[s] = k;
-        used[s] = 1;
-      });
-      for (int32_t s = 0; s < high; ++s) {
-        if (!used[s]) continue;
-        keys.push_back(by_row[s]);
-        rows.push_back(s);
-      }
-      return;
-    }
-    std::vector<std::pair<int32_t, int64_t>> pairs;
-    pairs.reserve(map_.size());
-    map_.for_each([&](int64_t k, int32_t s) { pairs.emplace_back(s, k); });
-    std::sort(pairs.begin(), pairs.end());
-    for (const auto& [s, k] : pairs) {
-      keys.push_back(k);
-      rows.push_back(s);
-    }
   }
 
   void lookup_locked(const int64_t* keys, size_t n, bool allocate, int32_t* rows) {
@@ -650,8 +519,7 @@ class EmbeddingIndex {
   // values reset) or the next one.
   int32_t take_row(int64_t key) {
     const int32_t s = take_fresh_row(key);
-    store_->changed()[s] = 1;  // a new key's row: the next delta holds it
-    if (tracking_ && !ssd_) store_->row_keys()[s] = key;
+    changes_.took_row(key, s);
     return s;
   }
   int32_t take_fresh_row(int64_t key) {
@@ -674,83 +542,6 @@ class EmbeddingIndex {
     if (!at_.on_ssd(loc)) rows_.release(loc);
   }
 
-  uint8_t changed_at(int32_t loc) const { return at_.on_ssd(loc) ? ssd_->changed(loc) : store_->changed()[loc]; }
-
-  // f(key, location) for every key whose row changed since the last save. A tracked table in memory
-  // alone: a pass over the rows' flags, each changed row's key from row_keys() (a freed row keeps
-  // its flag and its old key: the key map says whether the key still lives there); 5M keys, 1% of
-  // them changed: 1.5 ms instead of a pass over the key map (60-75 ms). Else that pass, each row's
-  // flag prefetched a few buckets ahead.
-  template <typename F>
-  void for_each_changed(F&& f) const {
-    const uint8_t* changed = store_->changed();
-    if (tracking_ && !ssd_) {
-      const int64_t* keys = store_->row_keys();
-      const int32_t high = rows_.high();
-      for (int32_t s = 0; s < high; ++s) {
-        if (changed[s] && map_.find(keys[s]) == s) f(keys[s], s);
-      }
-      return;
-    }
-    constexpr size_t kAhead = 16;
-    const size_t buckets = map_.bucket_count();
-    for (size_t b = 0; b < buckets; ++b) {
-      if (b + kAhead < buckets && map_.occupied(b + kAhead) && map_.row_at(b + kAhead) < capacity_)
-        __builtin_prefetch(changed + map_.row_at(b + kAhead));
-      if (map_.occupied(b) && changed_at(map_.row_at(b))) f(map_.key_at(b), map_.row_at(b));
-    }
-  }
-
-  // Keeps the keys of `state` whose rows changed (their flags cleared: this save holds them).
-  void keep_changed(IndexState& state) {
-    const bool meta = state.counts.size() == state.keys.size() && !state.keys.empty();
-    size_t kept = 0;
-    for (size_t i = 0; i < state.keys.size(); ++i) {
-      const int32_t loc = state.rows[i];
-      if (!changed_at(loc)) continue;
-      if (at_.on_ssd(loc))
-        ssd_->changed(loc) = 0;
-      else
-        store_->changed()[loc] = 0;
-      state.keys[kept] = state.keys[i];
-      state.rows[kept] = loc;
-      if (meta) {
-        state.counts[kept] = state.counts[i];
-        state.last_seen[kept] = state.last_seen[i];
-      }
-      ++kept;
-    }
-    state.keys.resize(kept);
-    state.rows.resize(kept);
-    if (meta) {
-      state.counts.resize(kept);
-      state.last_seen.resize(kept);
-    }
-  }
-
-  // The keys removed before step `before` (a removal at a later step, by a batch looked up ahead of
-  // training, is undone by the save's as-of view and belongs to the next save).
-  void take_removed(int64_t before, std::vector<int64_t>& out) {
-    size_t kept = 0;
-    for (const auto& [key, step] : removed_) {
-      if (step < before)
-        out.push_back(key);
-      else
-        removed_[kept++] = {key, step};
-    }
-    removed_.resize(kept);
-  }
-
-  void clear_changed_locked() {
-    std::memset(store_->changed(), 0, static_cast<size_t>(rows_.high()));
-    if (ssd_) ssd_->clear_changed();
-  }
-
-  uint32_t& count_at(int32_t loc) { return at_.on_ssd(loc) ? ssd_->count(loc) : store_->counts()[loc]; }
-  int64_t& ts_at(int32_t loc) { return at_.on_ssd(loc) ? ssd_->last_seen(loc) : store_->last_seen()[loc]; }
-  uint32_t count_at(int32_t loc) const { return at_.on_ssd(loc) ? ssd_->count(loc) : store_->counts()[loc]; }
-  int64_t ts_at(int32_t loc) const { return at_.on_ssd(loc) ? ssd_->last_seen(loc) : store_->last_seen()[loc]; }
-
   const std::string name_;
   const int32_t capacity_;
   RowStore* const store_;
@@ -764,11 +555,12 @@ class EmbeddingIndex {
   CountingKeys counting_;
   std::vector<std::pair<int64_t, int32_t>> quarantine_;  // (step of the eviction, location), in step order
   StepJournal journal_;
-  bool tracking_ = false;
-  bool cleared_ = false;
-  std::vector<std::pair<int64_t, int64_t>> removed_;  // (key, step of its removal) since the last save
   Residency residency_;
   std::unique_ptr<SsdRows> ssd_;  // null: every row in memory
+  // Composed over the parts above (declared after them: they hold references to them).
+  LocatedRows located_{store_, at_, ssd_};
+  ChangeTracker changes_{store_, map_, rows_, located_, ssd_, capacity_};
+  IndexExport export_{map_, rows_, counting_, journal_, located_, changes_, ssd_};
   IndexCounters counters_;
 };
 

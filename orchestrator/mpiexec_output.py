@@ -1,4 +1,6 @@
-"""What a failed attempt's output says about the cause: which rank failed, or which host was lost.
+"""Everything the supervisor reads in mpiexec's output, in one place: the ranks' tagged lines, split
+into one log per rank with their heartbeats taken out (split_output), and what a failed attempt's
+output says about the cause: which rank failed, or which host was lost (judge).
 
 Open MPI says a host is gone in several places, and whichever sees it first speaks: PRRTE (mpiexec's
 runtime) when it loses the host's daemon, in one of two messages; a surviving rank's TCP transport
@@ -8,8 +10,12 @@ fails on its own says so instead (mpiexec's "exited on signal", the rank's exit 
 and that outranks a peer's complaint about it. judge() reads every source and returns the cause as
 a small type the supervisor logs and writes to summary.json.
 """
+import os
 import re
 from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, TextIO, Union
+
+from shardrec.rank_runtime.formats.heartbeat_format import MARK
 
 # Open MPI's tagged output (`mpiexec --output tag`): [job,rank]<stream>: text
 TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
@@ -128,3 +134,54 @@ def silent_host(quiet, hosts):
         return None
     lost = [h for h, ranks in by_host.items() if ranks <= set(quiet)]
     return lost[0] if len(lost) == 1 else None
+
+
+LAUNCHER = "mpiexec"  # the name mpiexec's own lines (untagged) are kept under
+
+
+def split_output(stream: Iterable[str], directory: str, on_line: Callable[[Union[int, str], str], None],
+                 on_beat: Callable[[int, str], None], echo: Callable[[str], None] = None) -> None:
+    """Reads `stream` (mpiexec's output, `--output tag`) to its end: each rank's lines go to
+    `<directory>/rank-<r>.log` and on_line(r, text), mpiexec's own to `mpiexec.log` and
+    on_line(LAUNCHER, text); a heartbeat goes to on_beat(rank, text) and is cut out of its line;
+    rank 0's lines also to echo(text) when given."""
+    files: Dict[int, TextIO] = {}
+    other = open(os.path.join(directory, f"{LAUNCHER}.log"), "w")
+    try:
+        for line in stream:
+            m = TAGGED.match(line.rstrip("\n"))
+            if m is None:
+                other.write(line)
+                other.flush()
+                on_line(LAUNCHER, line.rstrip("\n"))
+                continue
+            rank, text = int(m.group(1)), m.group(3)
+            at = text.find(MARK)
+            if at >= 0:
+                on_beat(rank, text[at + len(MARK):])
+                text = text[:at]  # what the rank's script had written of a line before the beat
+                if not text:
+                    continue
+            if rank not in files:
+                files[rank] = open(os.path.join(directory, f"rank-{rank}.log"), "w")
+            files[rank].write(text + "\n")
+            files[rank].flush()
+            on_line(rank, text)
+            if rank == 0 and echo is not None:
+                echo(text)
+    finally:
+        for f in list(files.values()) + [other]:
+            f.close()
+
+
+def without_mpi_banners(lines):
+    """A rank's last lines without Open MPI's boxed notices (MPI_ABORT ...), which say less than the
+    rank's own last words."""
+    out, inside = [], False
+    for line in lines:
+        if line.startswith("-" * 20):
+            inside = not inside
+            continue
+        if not inside and line.strip():
+            out.append(line)
+    return out

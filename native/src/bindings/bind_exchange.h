@@ -1,0 +1,140 @@
+// Bindings of the key exchange (exchange/key_exchange.h): feature sets and the exchange itself.
+#pragma once
+
+#include "bindings/bind_values.h"
+#include "bindings/py_arrays.h"
+
+namespace {
+
+// ---- the key exchange
+void bind_feature_set(py::module_& m) {
+  py::class_<FeatureSet>(m, "FeatureSet")
+      .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
+                       const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
+                       std::string description, std::string timestamp_feature) {
+             const size_t n = names.size();
+             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n)
+               throw std::invalid_argument("names, indexes, send_counts and int32_keys need one entry per feature");
+             std::vector<shardrec::ExchangeFeature> features;
+             for (size_t f = 0; f < n; ++f)
+               features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f]});
+             return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
+           }),
+           py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
+           py::arg("timestamp_feature") = "", py::keep_alive<1, 3>(),
+           "The features of one insert function, in the order every rank uses; `description` (a line per "
+           "feature) is what the ranks compare.")
+      .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
+}
+
+// What one batch's exchange gives: whether some rank is out of data (every rank stops the pass at
+// this batch) and, per feature, its routing (an empty one, shaped for the batch, at the end).
+struct ExchangeResult {
+  bool ended = false;
+  std::vector<RoutingArrays> features;
+};
+
+// The ids of one feature as an array (any array-like is converted), or an error naming the feature.
+py::array feature_ids(const FeatureSet& fs, size_t f, py::handle keys) {
+  py::array a = py::array::ensure(keys, py::array::c_style);
+  if (!a) {
+    PyErr_Clear();
+    throw py::type_error("feature '" + fs.features[f].name + "': ids must be an int32 or int64 array");
+  }
+  return a;
+}
+
+ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
+                            py::object timestamps) {
+  const size_t nf = fs.features.size();
+  if (static_cast<size_t>(py::len(keys)) != nf)
+    throw std::invalid_argument("keys: one id array per feature of the feature set expected");
+  shardrec::BatchTimestamps ts;
+  CArray<int64_t> ts_array;
+  if (has_data && !fs.timestamp_feature.empty()) {
+    if (timestamps.is_none())
+      throw std::invalid_argument("feature set has is_timestamp feature '" + fs.timestamp_feature +
+                                  "': its timestamps must come with every batch");
+    ts_array = timestamps.cast<CArray<int64_t>>();
+    ts.ts = ts_array.data();
+    ts.samples = static_cast<size_t>(ts_array.size());
+  }
+  std::vector<py::array> arrays;
+  std::vector<shardrec::RouterInput> in;
+  for (size_t f = 0; f < nf; ++f) {
+    arrays.push_back(feature_ids(fs, f, keys[f]));
+    if (!has_data) continue;
+    const py::array& a = arrays.back();
+    const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
+    if (!i32 && !a.dtype().is(py::dtype::of<int64_t>()))
+      throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
+                           std::string(py::str(a.dtype())));
+    in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
+  }
+  std::vector<shardrec::FeatureRouting> out;
+  ExchangeResult result;
+  {
+    py::gil_scoped_release nogil;
+    result.ended = !ex.run(fs, in, has_data, out, ts);
+  }
+  if (result.ended) {
+    out.assign(nf, shardrec::FeatureRouting{});
+    for (size_t f = 0; f < nf; ++f) {
+      out[f].send_splits.assign(static_cast<size_t>(ex.world()), 0);
+      out[f].recv_splits.assign(static_cast<size_t>(ex.world()), 0);
+      out[f].restore.assign(static_cast<size_t>(arrays[f].size()), 0);
+    }
+  }
+  for (auto& r : out) result.features.emplace_back(std::move(r));
+  return result;
+}
+
+void bind_key_exchange(py::module_& m) {
+  py::class_<ExchangeResult>(m, "ExchangeResult")
+      .def_readonly("ended", &ExchangeResult::ended, "Some rank is out of data: every rank ends the pass here.")
+      .def_readonly("features", &ExchangeResult::features, "A FeatureRouting per feature of the feature set.");
+  py::class_<KeyExchange>(m, "KeyExchange")
+      .def(py::init([](py::object comm, Channel channel, double timeout_s) {
+             MPI_Comm* c = PyMPIComm_Get(comm.ptr());
+             if (c == nullptr) throw py::error_already_set();
+             if (!(timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
+             return new KeyExchange(*c, checked(channel), timeout_s);
+           }),
+           py::arg("comm"), py::arg("channel"), py::arg("timeout_s"), py::keep_alive<1, 2>(),
+           "The exchange of `channel` on `comm` (an mpi4py communicator of its own); every round waits at most "
+           "timeout_s seconds.")
+      .def_property_readonly("rank", &KeyExchange::rank)
+      .def_property_readonly("world_size", &KeyExchange::world)
+      .def_property_readonly("channel", &KeyExchange::channel)
+      .def_property_readonly("ranks_out_of_data", &KeyExchange::ranks_out_of_data,
+                             "The ranks whose data ended, after run() said the pass ended.")
+      .def_property_readonly("stopped", &KeyExchange::stopped, "The error that stopped this channel ('' if none).")
+      .def_property(
+          "timeout_s", [](KeyExchange& ex) { return ex.comm().timeout_s(); },
+          [](KeyExchange& ex, double s) {
+            if (!(s > 0)) throw std::invalid_argument("timeout_s must be > 0");
+            ex.comm().set_timeout(s);
+          })
+      .def(
+          "leave",
+          [](KeyExchange& ex) {
+            py::gil_scoped_release nogil;
+            ex.leave();
+          },
+          "At exit: every peer's pending or next round on this channel sees this rank out of data.")
+      .def("restart", &KeyExchange::restart,
+           "Runs again after an error, unless a round timed out (init() calls it on every rank).")
+      .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"),
+           py::arg("timestamps") = py::none(), "timestamps: the batch's is_timestamp values (int64, one per sample).")
+      .def("set_eviction", &KeyExchange::set_eviction, py::arg("step_interval"),
+           "Evict every step_interval training steps (0: never).")
+      .def("set_step", &KeyExchange::set_step, py::arg("step"),
+           "The training step the next batch follows: the global step a session starts or resumes at.")
+      .def_property_readonly("step", &KeyExchange::step, "Training steps whose batches were exchanged.")
+      .def_property_readonly("step_follows_training", &KeyExchange::step_follows_training,
+                             "Whether set_step numbered the steps from a global step.")
+      .def("request_eviction", &KeyExchange::request_eviction, "The next round evicts on every rank.")
+      .def("counters", &KeyExchange::counters);
+}
+
+}  // namespace

@@ -1,0 +1,100 @@
+"""`<run dir>/summary.json`, what a supervised run leaves for its user and for scripts: how it ended,
+each attempt, and each rank's last word. Written and read through these types (write(), read()), so
+that its keys are named once."""
+import collections
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, List, Optional
+
+FILE = "summary.json"
+
+
+@dataclass
+class RankSummary:
+    """A rank's last heartbeat of the last attempt, and its peak memory over every attempt."""
+    step: Optional[int]
+    train_batches: Optional[int]
+    loss: Optional[float]
+    samples_per_s: Optional[float]
+    tables: Optional[Dict[str, int]]   # keys held, per table
+    peak_rss: int
+
+
+@dataclass
+class AttemptSummary:
+    """One attempt: its ranks and hosts, the checkpoint it restored, how it ended (attempt.AttemptEnd's
+    fields, absent while it had not ended) and the steps the next one trains again."""
+    attempt: int
+    np: int
+    hosts: Optional[str]
+    resumed_from: Optional[str]
+    ok: Optional[bool] = None
+    reason: Optional[str] = None
+    reached_step: Optional[int] = None
+    steps_lost: Optional[int] = None
+    host: Optional[str] = None
+    host_lost: Optional[bool] = None
+    ranks: Optional[List[int]] = None
+
+
+@dataclass
+class RunSummary:
+    ok: bool
+    attempts: int
+    restarts: int
+    seconds: float
+    reason: str
+    failed_ranks: Optional[List[int]]
+    lost_host: Optional[str]
+    ranks: Dict[int, RankSummary]
+    attempt_list: List[AttemptSummary]
+    tables: Dict[str, int]                          # keys held by all ranks together, per table
+    # Admission and eviction counters, and those of the storage tiers, summed over the ranks, per
+    # table; absent when no table has them.
+    admission: Optional[Dict[str, Dict[str, int]]] = None
+    tiers: Optional[Dict[str, Dict[str, int]]] = None
+    checkpoints: Optional[List[str]] = None         # the complete checkpoints of --checkpoint-dir
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ranks"] = {r: asdict(s) for r, s in sorted(self.ranks.items())}
+        # An attempt that has not ended has no end to tell.
+        out["attempt_list"] = [{k: v for k, v in asdict(a).items() if k in _BASE or a.ok is not None}
+                               for a in self.attempt_list]
+        return {k: v for k, v in out.items() if not (k in _OPTIONAL and v is None)}
+
+
+_BASE = {"attempt", "np", "hosts", "resumed_from"}
+_OPTIONAL = {"admission", "tiers", "checkpoints"}
+
+
+def summed_counters(per_rank: List[Dict[str, Dict[str, int]]]) -> Optional[Dict[str, Dict[str, int]]]:
+    """Counters of each table summed over the ranks ({table: {counter: value}}), None when none has any."""
+    summed = {}
+    for tables in per_rank:
+        for table, counters in tables.items():
+            summed.setdefault(table, collections.Counter()).update(counters)
+    return {table: dict(c) for table, c in sorted(summed.items())} or None
+
+
+def write(run_dir: str, summary: RunSummary) -> str:
+    path = os.path.join(run_dir, FILE)
+    with open(path, "w") as f:
+        json.dump(summary.to_json(), f, indent=1)
+    return path
+
+
+def read(run_dir: str) -> RunSummary:
+    """The summary of the run in `run_dir`, checked against these types (a missing key is an error
+    naming it; keys a later shardrec added are left out)."""
+    path = os.path.join(run_dir, FILE)
+    with open(path) as f:
+        raw = json.load(f)
+    try:
+        ranks = {int(r): RankSummary(**s) for r, s in raw.pop("ranks").items()}
+        attempts = [AttemptSummary(**a) for a in raw.pop("attempt_list")]
+        known = {f.name for f in fields(RunSummary)}
+        return RunSummary(ranks=ranks, attempt_list=attempts, **{k: v for k, v in raw.items() if k in known})
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a run summary this shardrec reads ({e})") from None
