@@ -112,9 +112,9 @@ def _feature_name(ids, table):
 
 
 def pending_lookup(hashtable, ids: tf.Tensor, is_train: bool, name: str | None,
-                   access_and_evict_config: dict | None) -> tuple:
-    """Records a modify_graph=True lookup; returns (FeatureSpec, batch dict of placeholders) for the
-    lookup's graph, which modification later rewires to the key pipeline."""
+                   access_and_evict_config: dict | None) -> PendingLookup:
+    """Records a modify_graph=True lookup and returns it: its FeatureSpec, and the routing
+    placeholders the lookup's graph reads, which modification later rewires to the key pipeline."""
     lookup_name = name or f"{hashtable.table_name}_lookup"
     if not isinstance(ids, tf.Tensor):
         raise TypeError(f"sparse_lookup {lookup_name!r}: with modify_graph=True, 'ids' must be an id tensor from "
@@ -135,12 +135,9 @@ def pending_lookup(hashtable, ids: tf.Tensor, is_train: bool, name: str | None,
                        eviction_threshold=thresholds.get("eviction_threshold"))
     with tf.name_scope(f"{lookup_name}_pending"):
         placeholders = FeatureRouting.placeholders(config.get_config().size, ids.shape.num_elements())
-    graph = ids.graph
-    config.get_config().graph_state(graph).pending_lookups.append(
-        PendingLookup(lookup_name, hashtable, spec, is_train, ids, get_next, between, placeholders))
-    batch = {spec.index_key: ids}
-    placeholders.file_into(batch, spec.name)
-    return spec, batch
+    pending = PendingLookup(lookup_name, hashtable, spec, is_train, ids, get_next, between, placeholders)
+    config.get_config().graph_state(ids.graph).pending_lookups.append(pending)
+    return pending
 
 
 def _source_dataset(get_next):

@@ -145,7 +145,8 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         raise RuntimeError(f"{_OWNER}: the key pipeline is already started; build every lookup before "
                            "start_asc_pipeline()")
     if modify_graph:
-        ids, batch = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
+        pending = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
+        ids, routing, ids_tensor = pending.spec, pending.placeholders, pending.ids
     else:
         ids = _one_spec(ids)
         check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
@@ -154,13 +155,13 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
                              f"not to {hashtable.table_name!r}")
         if access_and_evict_config is not None:
             _check_thresholds(ids, access_and_evict_config)
-    routing = _routing(ids, batch)
+        routing = _routing(ids, batch)
+        ids_tensor = batch[ids.index_key]
     channel = Channel.of(is_train)
     if send_count is not None:
         _register_send_count(cfg.graph_state(), ids, channel, send_count)
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
         emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
-        ids_tensor = batch[ids.index_key]
         out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
         out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
         return out
