@@ -84,10 +84,10 @@ def test_a_host_cut_off_mid_run_is_named_and_the_job_restarts_from_the_last_chec
 
 
 def test_when_mpiexec_exits_0_after_losing_a_host_the_run_fails_naming_it(tmp_path, hosts):
-    """Open MPI 5 notices a lost daemon link by TCP keepalive (about 11 s with these settings) and
+    """Open MPI 5 notices a lost daemon link by TCP keepalive (about 5 s with these settings) and
     then exits 0: the supervisor, with a hang timeout far longer, must still call it a failure."""
-    keepalive = [f"--mpiexec-arg={a}" for a in ("--prtemca", "oob_tcp_keepalive_time", "5", "--prtemca",
-                                                "oob_tcp_keepalive_intvl", "2", "--prtemca",
+    keepalive = [f"--mpiexec-arg={a}" for a in ("--prtemca", "oob_tcp_keepalive_time", "2", "--prtemca",
+                                                "oob_tcp_keepalive_intvl", "1", "--prtemca",
                                                 "oob_tcp_keepalive_probes", "3")]
     proc, out, run, ckpt = start_job(tmp_path, hosts, "exit0", ("--hang-timeout", 300, "--max-restarts", 0,
                                                                  *keepalive))
