@@ -73,3 +73,28 @@ def test_the_export_benchmark_serves_its_rows_from_variables(tmp_path):
     assert result["rows"] == 50000 and result["variables_bytes"] >= 50000 * 16 * 4
     assert result["graph_proto_bytes"] < 100_000
     assert not (tmp_path / "work").exists(), "the benchmark removes what it wrote"
+
+
+def test_the_records_are_the_bytes_tensorflow_s_serializer_writes():
+    """bench/workload.py encodes its tf.train.Example records with numpy; TensorFlow's own
+    serializer writes the same bytes, and parses them back to the same ids."""
+    import numpy as np
+    import tensorflow as tf
+
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import workload
+
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([rng.integers(0, 2**40, (300, 26)), np.zeros((1, 26), np.int64),
+                          np.full((1, 26), 2**62, np.int64)])
+    rows = rng.integers(0, 2**20, ids.shape)
+    fast = workload.serialized_examples({"ids": ids, "rows": rows})
+    want = [tf.train.Example(features=tf.train.Features(feature={
+        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=a)),
+        "rows": tf.train.Feature(int64_list=tf.train.Int64List(value=b))})).SerializeToString()
+        for a, b in zip(ids.tolist(), rows.tolist())]
+    assert fast == want
+    parsed = tf.train.Example.FromString(fast[-1]).features.feature
+    assert list(parsed["ids"].int64_list.value) == [2**62] * 26
+    with pytest.raises(ValueError, match="non-negative"):
+        workload.serialized_examples({"ids": -ids})
