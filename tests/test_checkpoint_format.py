@@ -43,6 +43,25 @@ def test_every_manifest_reads_as_its_types_with_the_chain_it_names(kept):
     assert all(len(s) == 1 for s in ids.values()) and len(set.union(*ids.values())) == 3
 
 
+@pytest.mark.parametrize("change,message", [
+    (lambda m: m["tables"]["emb"].update(rows="27"), r"the manifest\.tables\.emb's 'rows' is '27'; a manifest has int there"),
+    (lambda m: m["tables"]["emb"]["files"]["keys"].pop("crc32"), r"the manifest\.tables\.emb\.files\.keys has no 'crc32'"),
+    (lambda m: m.pop("previous"), r"the manifest has no 'previous'"),
+    (lambda m: m.update(kind="partial"), r"the manifest's kind 'partial' is neither 'full' nor 'delta'"),
+], ids=["wrong_type", "missing_key", "delta_without_previous", "unknown_kind"])
+def test_a_damaged_manifest_is_refused_naming_the_file_and_the_key(kept, change, message):
+    import json
+
+    from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError, read_manifest
+
+    shard = kept / "sparse-model-8" / "rank-0-of-2"
+    content = json.loads((shard / "MANIFEST.json").read_text())
+    change(content)
+    (shard / "MANIFEST.json").write_text(json.dumps(content))
+    with pytest.raises(CheckpointError, match=r"rank-0-of-2/MANIFEST.json: " + message):
+        read_manifest(str(shard))
+
+
 def test_shardrec_ckpt_finds_the_chain_complete(kept):
     cli = os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt")
     proc = subprocess.run([cli, "inspect", str(kept)], capture_output=True, text=True)

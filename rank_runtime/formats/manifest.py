@@ -35,7 +35,8 @@ class _Reader:
             raise CheckpointError(f"{self.source}: {self.where} has no {key!r}")
         value = self.raw[key]
         if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
-            raise CheckpointError(f"{self.source}: {self.where}'s {key!r} is {value!r}, not of the expected type")
+            expected = " or ".join(t.__name__ for t in _as_tuple(types))
+            raise CheckpointError(f"{self.source}: {self.where}'s {key!r} is {value!r}; a manifest has {expected} there")
         return value
 
     def at(self, key) -> "_Reader":
