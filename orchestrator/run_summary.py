@@ -69,13 +69,19 @@ _BASE = {"attempt", "np", "hosts", "resumed_from"}
 _OPTIONAL = {"admission", "tiers", "checkpoints"}
 
 
+def summed(per_rank: List[Dict[str, int]]) -> Dict[str, int]:
+    """{name: value summed over the ranks}. Counter.update, not Counter's +, which drops a name
+    whose sum is 0 (a table that holds no key yet is still listed)."""
+    total = collections.Counter()
+    for values in per_rank:
+        total.update(values)
+    return dict(total)
+
+
 def summed_counters(per_rank: List[Dict[str, Dict[str, int]]]) -> Optional[Dict[str, Dict[str, int]]]:
     """Counters of each table summed over the ranks ({table: {counter: value}}), None when none has any."""
-    summed = {}
-    for tables in per_rank:
-        for table, counters in tables.items():
-            summed.setdefault(table, collections.Counter()).update(counters)
-    return {table: dict(c) for table, c in sorted(summed.items())} or None
+    names = sorted({table for tables in per_rank for table in tables})
+    return {table: summed([tables.get(table, {}) for tables in per_rank]) for table in names} or None
 
 
 def write(run_dir: str, summary: RunSummary) -> str:

@@ -20,7 +20,6 @@ and the next attempt starts on them all, from that checkpoint.
 
 Never imports TensorFlow: it starts at once and outlives any rank.
 """
-import collections
 import os
 import signal
 import sys
@@ -31,7 +30,7 @@ from . import checkpoints, run_summary
 from .attempt import Attempt, AttemptEnd, Outcome, log
 from .elastic import ElasticSpec, HostWatch
 from .mpiexec_output import LAUNCHER, without_mpi_banners
-from .run_summary import AttemptSummary, RankSummary, RunSummary, summed_counters
+from .run_summary import AttemptSummary, RankSummary, RunSummary, summed, summed_counters
 
 MAX_RESTART_DELAY_S = 300.0
 
@@ -264,7 +263,7 @@ class Supervisor:
             attempt_list=[AttemptSummary(a.number, a.np, a.placement.mpiexec_hosts() if a.placement else self.spec.hosts,
                                          a.resume_from, **(asdict(a.ended) if a.ended else {}))
                           for a in self.attempts],
-            tables=dict(sum((collections.Counter(b.tables) for b in last_beats.values()), collections.Counter())),
+            tables=summed([b.tables for b in last_beats.values()]),
             admission=summed_counters([b.admission for b in last_beats.values()]),
             tiers=summed_counters([b.tiers for b in last_beats.values()]))
         if self.spec.checkpoint_dir and os.path.isdir(self.spec.checkpoint_dir):
