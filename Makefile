@@ -14,8 +14,11 @@ RANKS ?= 2
 demo: setup
 	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
 
+# Two workers, each taking a whole test file at a time (its module fixtures are built once): the
+# suite waits on process start-ups and timeouts a third of its time, which the other worker fills.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -m quick $(ARGS)

@@ -11,6 +11,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shardrec.rank_runtime.process import lifecycle  # noqa: E402
 
 
+# The files that take longest (minutes of CPU each on 2 cores), longest first: make test's two
+# workers take a file at a time in collection order, so these go first and no long file is left
+# to run alone at the end.
+LONGEST_FIRST = ("test_elastic.py", "test_tiers.py", "test_incremental.py", "test_bench_smoke.py", "test_multi_host.py",
+                 "test_checkpoint.py", "test_supervisor.py", "test_exchange_faults.py", "test_admission.py",
+                 "test_multi_rank.py", "test_serving.py", "test_setup.py", "test_demo.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 def pytest_unconfigure(config):
     """This process is an MPI singleton once a test started MPI in it (init(), or mpi4py alone):
     nothing else removes its segment from /dev/shm when it exits, and a test process that never

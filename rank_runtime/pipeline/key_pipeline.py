@@ -196,11 +196,14 @@ class InsertFunction:
         if num_parallel_calls is not None:
             log.warning("dataset.map(insert_fn, num_parallel_calls=%s): the key pipeline runs sequentially "
                         "so that every rank's exchanges stay in step", num_parallel_calls)
-        marked = dataset.map(lambda batch: (batch, False))
+        # Autograph would rewrite these functions (and what they call) in every process that builds
+        # the pipeline, a second of CPU each, for no control flow on tensors.
+        plain = tf.autograph.experimental.do_not_convert
+        marked = dataset.map(plain(lambda batch: (batch, False)))
         marked = marked.concatenate(tf.data.Dataset.from_tensors((_end_marker(dataset.element_spec), True)))
-        processed = marked.map(self._exchange)
-        processed = processed.take_while(lambda batch, stop: tf.logical_not(stop))
-        return processed.map(lambda batch, stop: batch)
+        processed = marked.map(plain(self._exchange))
+        processed = processed.take_while(plain(lambda batch, stop: tf.logical_not(stop)))
+        return processed.map(plain(lambda batch, stop: batch))
 
 
 def _one_per_sample(shape):
