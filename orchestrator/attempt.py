@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 TAIL_LINES = 60
 FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
+START_GRACE_S = 60.0  # how long a rank may take to send its first heartbeat, hang timeout or not
 
 
 @dataclass
@@ -169,7 +170,12 @@ class Attempt:
         # teardown over TCP can take seconds): they make no progress by design, so only a longer
         # wait counts against them. Silence still counts at once.
         stall_limit = max(limit, FINISH_GRACE_S) if done else limit
-        if not any(t > limit for t in silent.values()) and not any(t > stall_limit for t in stalled.values()):
+        # A rank not heard from yet is starting (importing TensorFlow, joining MPI): on a busy
+        # machine that alone can take longer than a short hang timeout, so it gets START_GRACE_S.
+        start_limit = max(limit, START_GRACE_S)
+        over = [r for r, t in silent.items() if t > (limit if r in self.heard else start_limit)]
+        if not over and not any(t > (stall_limit if r in self.moved else max(stall_limit, start_limit))
+                                for r, t in stalled.items()):
             return None, None, None
         quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])
         if quiet:

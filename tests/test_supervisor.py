@@ -234,6 +234,28 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
     assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")
 
 
+
+def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp_path):
+    """Before its first heartbeat a rank is importing TensorFlow and joining MPI, which a busy
+    machine can make longer than a short hang timeout (seen with two test files side by side):
+    silence counts from START_GRACE_S then; once heard from, the hang timeout applies."""
+    from shardrec.orchestrator.attempt import START_GRACE_S, Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
+
+    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
+    attempt.started = now = 1000.0
+    attempt.beats = {0: Heartbeat(host="a")}
+    attempt.heard = {0: now + 29}
+    attempt.moved = {0: now + 29}
+    assert attempt._hung(now + 30) == (None, None, None)  # rank 1 silent 30 s since the start: still starting
+    why, rank, _ = attempt._hung(now + START_GRACE_S + 1)
+    assert rank == 1 and why.startswith(f"rank 1 sent no heartbeat for {START_GRACE_S + 1:.0f} s"), why
+    attempt.heard[1] = attempt.moved[1] = now + 30
+    attempt.beats[1] = Heartbeat(host="a")
+    attempt.heard[0] = attempt.moved[0] = now + 40
+    why, rank, _ = attempt._hung(now + 41)
+    assert rank == 1 and why.startswith("rank 1 on host a sent no heartbeat for 11 s (hang timeout 10 s)"), why
+
 # Both as Open MPI 5.0's mpiexec printed them in this project's two-host tests: which one comes
 # depends on whether PRRTE first sees the daemon's ssh exit or its TCP link break.
 _DAEMON_NEVER_REPORTED = """A daemon failed to report back after being spawned. This could
