@@ -55,6 +55,8 @@ from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint
 from ..process.logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
 from .save_schedule import Chain, old_links, plan_save
+from .stream_restore import restore_stream
+from ..process.state import STATE
 from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_shards, publish, read_manifest,
                                          sparse_dir, write_shard)
 from ..formats.manifest import FULL, SaveRef
@@ -274,6 +276,8 @@ class Saver(_TFSaver):
         if self._tables and save_path is not None:
             restore_tables(sess, [(save_path, self._tables)], f"Saver.restore({save_path!r})", check_dense=True)
         super().restore(sess, save_path)
+        if STATE.stream is not None and save_path is not None:
+            restore_stream(STATE.stream, save_path)
         if self._tables and save_path is not None:
             follow_global_step(sess, self._tables)
             config.mark_loaded()
@@ -290,7 +294,13 @@ class Saver(_TFSaver):
         back_to = step_of_save(step)
         mode = "plain" if plan is None else plan.kind.kind
         tables = {table.table_name: table_writer(table, back_to, mode) for table in self._tables}
-        shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared, plan.kind if plan else None)
+        stream = None
+        if STATE.stream is not None:
+            if step is None:
+                raise ValueError(f"Saver.save({path!r}): a job that trains from a stream saves with global_step, "
+                                 "which says which batches the checkpoint holds (the stream's positions)")
+            stream = STATE.stream.cursor.positions_at(step)
+        shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared, plan.kind if plan else None, stream)
         log.info("saved this rank's shard of %d table(s) for %s (staged; in place once every rank has saved)%s",
                  len(tables), sparse_dir(path),
                  f" (a delta on {plan.kind.previous.name})" if plan is not None and plan.delta else "")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .array_files import ArrayEntry, CheckpointError
+from .stream_positions import StreamPositions
 
 FORMAT = "shardrec-sparse-shard"
 VERSION = 1
@@ -154,6 +155,7 @@ class ShardManifest:
     save_id: Optional[str] = None
     base: Optional[SaveRef] = None
     previous: Optional[SaveRef] = None
+    stream: Optional[StreamPositions] = None  # a job that trains from a stream (stream/)
     source: str = field(default="", compare=False)  # the file it was read from, for messages
 
     @property
@@ -167,6 +169,8 @@ class ShardManifest:
             out.update(kind=self.kind, save_id=self.save_id)
             if self.kind == DELTA:
                 out.update(base=self.base.to_json(), previous=self.previous.to_json())
+        if self.stream is not None:
+            out["stream"] = self.stream.to_json()
         out["tables"] = {name: entry.to_json() for name, entry in self.tables.items()}
         return out
 
@@ -181,6 +185,7 @@ class ShardManifest:
         links = {k: SaveRef.from_json(r.at(k)) for k in ("base", "previous") if kind == DELTA}
         tables = r.at("tables")
         layout = r.get("layout", str, SHARED)
+        stream = StreamPositions.from_json(raw["stream"], source) if raw.get("stream") is not None else None
         return cls(r.get("step", int, None, optional=True), r.get("rank", int), r.get("world_size", int), layout,
                    {name: TableEntry.from_json(tables.at(name)) for name in tables.raw}, kind,
-                   r.get("save_id", str, None, optional=True), source=source, **links)
+                   r.get("save_id", str, None, optional=True), stream=stream, source=source, **links)

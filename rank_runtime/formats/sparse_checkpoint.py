@@ -39,10 +39,12 @@ import json
 import os
 import re
 import shutil
+from typing import Optional
 
 from ..process.logs import get_logger
 from .array_files import MANIFEST, CheckpointError, checked_size, crc_of, file_of
 from .manifest import FULL, PER_RANK, SHARED, SaveKind, ShardManifest
+from .stream_positions import StreamPositions
 
 log = get_logger("shardrec.checkpoint")
 
@@ -95,13 +97,14 @@ def admission_arrays(state) -> dict:
 
 
 def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: dict, shared: bool,
-                kind: SaveKind = None) -> str:
+                kind: SaveKind = None, stream: Optional[StreamPositions] = None) -> str:
     """tables: {table name: writer}, a writer being a function that writes the table's arrays into
     the folder it is given and returns their TableFiles (the Saver's write rows straight from the
     row store, so that no table passes through memory whole).
     shared: every rank saves under the same path (else each under its own, the user guide's
     `model-{rank_id}`). kind: a full save or a delta (None: a full save of a job without
-    incremental checkpoints). Returns the committed shard directory, in the save's staging
+    incremental checkpoints). stream: the positions of the stream partitions this rank read
+    (stream/). Returns the committed shard directory, in the save's staging
     directory: publish() puts it in place once every rank committed."""
     root = staging_dir(save_path)
     os.makedirs(root, exist_ok=True)
@@ -118,7 +121,7 @@ def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: 
             entries[name] = dataclasses.replace(entry, files={k: v.moved_into(name) for k, v in entry.files.items()})
         kind = kind or SaveKind(FULL, None)
         manifest = ShardManifest(step, rank, size, SHARED if shared else PER_RANK, entries, kind.kind, kind.save_id,
-                                 kind.base, kind.previous)
+                                 kind.base, kind.previous, stream)
         _fsync_tree(tmp)  # every file on disk before the manifest that commits them
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest.to_json(), f, indent=1)

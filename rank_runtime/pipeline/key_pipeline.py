@@ -39,6 +39,7 @@ from ..formats.channel import Channel
 from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
+from ..process.state import STATE
 from .routing import FeatureRouting
 from ..embedding.tiers import check_datasets
 from ..validation import check_bool, check_type
@@ -117,6 +118,8 @@ class _BatchKeyProcessor:
         else:
             self.batches += 1
             heartbeat.batches_exchanged(self.channel, self.batches)
+            if self.channel == Channel.TRAIN and STATE.stream is not None:
+                STATE.stream.cursor.batch_exchanged(len(key_arrays[0]))
         # The native routing's fields, by the names the dataset element files them under (routing.py).
         return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
 

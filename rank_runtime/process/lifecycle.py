@@ -152,3 +152,4 @@ def terminate_config_initializer() -> None:
         return
     log.info("terminated")
     STATE.config = None
+    STATE.stream = None

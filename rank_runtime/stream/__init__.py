@@ -1,0 +1,4 @@
+"""Training from a stream that does not end: sources read as tf.data datasets, and the positions
+every checkpoint holds so that a restored job reads each record exactly once."""
+from .directory import DirectoryStream  # noqa: F401
+from .tfrecord_files import StreamFileError  # noqa: F401

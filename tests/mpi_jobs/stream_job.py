@@ -1,0 +1,96 @@
+"""Trains from a DirectoryStream until it is idle, saving every --every steps; dumps what every rank
+holds at the end.
+
+    mpiexec -np N python stream_job.py --stream DIR --partitions P --out DIR --tag T --model DIR
+                                       [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam] [--idle S]
+
+Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
+itself after the step that makes the global step STEP (a rank lost mid-run). Writes
+DIR/T-rank<r>-of<N>.npz: the table's keys, values (and slots) and access counts, the final step,
+and the records this process trained.
+"""
+import argparse
+import os
+import signal
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from mx_rec.optimizers import gradient_descent, lazy_adam
+from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, Saver, create_table, get_asc_insert_func,
+                                   get_dense_and_sparse_variable, get_rank_id, get_rank_size, init, sparse_lookup,
+                                   start_asc_pipeline)
+
+FIELDS, DIM, BATCH = 3, 4, 8
+
+
+def parse(records):
+    return tf.io.parse_example(records, {"ids": tf.io.FixedLenFeature([FIELDS], tf.int64),
+                                         "y": tf.io.FixedLenFeature([], tf.float32)})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name in ("--stream", "--out", "--tag", "--model"):
+        p.add_argument(name, required=True)
+    p.add_argument("--partitions", type=int, required=True)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--die-at", type=int)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazy_adam"])
+    p.add_argument("--idle", type=float, default=3.0)
+    args = p.parse_args()
+
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.set_random_seed(5)
+    init()
+    rank, size = get_rank_id(), get_rank_size()
+    stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05)
+    spec = FeatureSpec("ids", table_name="emb")
+    dataset = stream.dataset().batch(BATCH).map(parse).map(get_asc_insert_func([spec], is_training=True))
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
+    batch = iterator.get_next()
+    table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=2),
+                         device_vocabulary_size=5000, all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    emb = sparse_lookup(table, spec, batch=batch)
+    w = tf.compat.v1.get_variable("w", [FIELDS * DIM, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
+    pred = tf.squeeze(tf.matmul(tf.reshape(emb, [-1, FIELDS * DIM]), w), 1)
+    loss = tf.reduce_mean(tf.square(pred - batch["y"]))
+    dense, sparse = get_dense_and_sparse_variable()
+    step = tf.compat.v1.train.get_or_create_global_step()
+    sparse_opt = (lazy_adam.create_hash_optimizer(0.02) if args.optimizer == "lazy_adam"
+                  else gradient_descent.create_hash_optimizer(0.1))
+    train_op = tf.group(hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(
+                            loss, var_list=dense, global_step=step),
+                        sparse_opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    saver = Saver(max_to_keep=3)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(hvd.broadcast_variables(dense, root_rank=0))
+        latest = tf.train.latest_checkpoint(args.model)
+        if latest:
+            saver.restore(sess, latest)
+        sess.run(iterator.initializer)
+        at = int(sess.run(step))
+        while True:
+            try:
+                sess.run(train_op)
+            except tf.errors.OutOfRangeError:
+                break
+            at += 1
+            if args.die_at == at and rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if at % args.every == 0:
+                saver.save(sess, os.path.join(args.model, "model"), global_step=at)
+        saver.save(sess, os.path.join(args.model, "model"), global_step=at)
+        keys, rows_at = table.index.export()
+        out = {"keys": keys, "values": sess.run(table.variable)[rows_at], "step": at, "w": sess.run(w),
+               "records": stream.cursor.records_trained}
+        for slot, var in table.slots.items():
+            out[slot] = sess.run(var)[rows_at]
+        np.savez(os.path.join(args.out, f"{args.tag}-rank{rank}-of{size}.npz"), **out)
+
+
+if __name__ == "__main__":
+    main()
