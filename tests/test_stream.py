@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from mpi_helpers import check, mpiexec
+from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
 from shardrec.rank_runtime.formats.sparse_checkpoint import read_manifest
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
 from shardrec.rank_runtime.stream import StreamFileError
@@ -64,7 +65,8 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     bit, of a job that was never stopped (SGD), having trained each record once."""
     stream = tmp_path / "stream"
     ids = produce(stream, 4, 3, 24)
-    common = ["--stream", stream, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2]
+    common = ["--stream", stream, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2,
+              "--access-threshold", 3]
     check(mpiexec(2, "stream_job.py", *common, "--tag", "straight", "--model", tmp_path / "straight", timeout=240))
     killed = mpiexec(2, "stream_job.py", *common, "--tag", "killed", "--model", tmp_path / "resumed", "--die-at", 7,
                      timeout=240)
@@ -82,7 +84,9 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     assert [int(p["step"]) for p in straight] == [18, 18] == [int(p["step"]) for p in resumed]
     assert sum(int(p["records"]) for p in straight) == len(ids)
     assert sum(int(p["records"]) for p in resumed) == len(ids) - 5 * 8 * 2
-    np.testing.assert_array_equal(keys, np.unique(ids))
+    seen, times = np.unique(ids, return_counts=True)
+    admitted = seen[times >= 3]
+    np.testing.assert_array_equal(keys, admitted)
     np.testing.assert_array_equal(resumed_keys, keys)
     np.testing.assert_array_equal(resumed_values, values)
     np.testing.assert_array_equal(resumed[0]["w"], straight[0]["w"])
@@ -91,6 +95,14 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     np.testing.assert_array_equal(np.sort(resized["keys"]), keys)
     for model, ranks in (("straight", 2), ("resumed", 2), ("resized", 1)):
         final = tf.train.latest_checkpoint(str(tmp_path / model))
+        # Admission's counts: every key counted as often as the stream holds it, no batch twice.
+        [ckpt] = find_checkpoints(final)
+        rows = table_rows(ckpt, "emb")
+        counted = np.concatenate([rows["keys"], rows["pending_keys"]])
+        counts = np.concatenate([rows["counts"], rows["pending_counts"]])
+        order = np.argsort(counted)
+        np.testing.assert_array_equal(counted[order], seen, err_msg=model)
+        np.testing.assert_array_equal(counts[order], times, err_msg=model)
         shards = [read_manifest(os.path.join(os.path.dirname(final), f"sparse-{os.path.basename(final)}",
                                              f"rank-{r}-of-{ranks}")) for r in range(ranks)]
         positions = {p: pos for m in shards for p, pos in m.stream.partitions.items()}

@@ -19,10 +19,12 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
 from ..process import config
 from ..process.logs import get_logger
 from ..process.state import STATE
+from ..process.world import get_world
 from ..validation import check_int, check_number
 from .cursor import StreamCursor
 from .tfrecord_files import StreamFileError, count_records
@@ -59,6 +61,7 @@ class DirectoryStream:
         for name in self.names:
             os.makedirs(os.path.join(self.root, name), exist_ok=True)
         self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
+        self._number_batches_from(0)
         STATE.stream = self
         slices = tf.data.Dataset.from_generator(self._slices, output_signature=(
             tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)))
@@ -78,6 +81,15 @@ class DirectoryStream:
                              "partition count it was saved with")
         self.cursor = StreamCursor({p: positions.get(p, PartitionPosition(None, 0)) for p in self.owned}, step)
         self._resume = resume if resume in self.owned else None
+        self._number_batches_from(step)
+
+    @staticmethod
+    def _number_batches_from(step: int) -> None:
+        """A stream's batches are one per global step from `step` on: the key exchange numbers them
+        so, and a save of step T takes back what admission counted of batches T, T+1, ... that
+        tf.data looked up ahead (admission/steps.py), as the stream's positions leave their records
+        unread."""
+        get_world().exchanges[Channel.TRAIN].set_step(step)
 
     def _slices(self):
         """(file path, first record) of every file slice this rank reads, in order; logged to the cursor."""

@@ -3,6 +3,7 @@ holds at the end.
 
     mpiexec -np N python stream_job.py --stream DIR --partitions P --out DIR --tag T --model DIR
                                        [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam] [--idle S]
+                                       [--access-threshold N]
 
 Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
 itself after the step that makes the global step STEP (a rank lost mid-run). Writes
@@ -39,6 +40,7 @@ def main():
     p.add_argument("--die-at", type=int)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazy_adam"])
     p.add_argument("--idle", type=float, default=3.0)
+    p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
     args = p.parse_args()
 
     tf.compat.v1.disable_eager_execution()
@@ -46,7 +48,7 @@ def main():
     init()
     rank, size = get_rank_id(), get_rank_size()
     stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05)
-    spec = FeatureSpec("ids", table_name="emb")
+    spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
     dataset = stream.dataset().batch(BATCH).map(parse).map(get_asc_insert_func([spec], is_training=True))
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
     batch = iterator.get_next()
