@@ -51,6 +51,26 @@ def test_a_file_is_counted_by_its_framing_and_a_cut_one_is_named(tmp_path):
         count_records(path, "0")
 
 
+def test_a_file_read_to_its_end_may_go_and_is_not_counted_again_while_waiting(tmp_path, monkeypatch):
+    """The reader alone (no MPI): once a file was handed out whole, waiting for the next one neither
+    counts it again at every poll nor needs it (a producer's retention may remove it)."""
+    from shardrec.rank_runtime.formats.stream_positions import PartitionPosition as Position
+    from shardrec.rank_runtime.stream import directory
+    from shardrec.rank_runtime.stream.cursor import StreamCursor
+
+    produce(tmp_path, 1, 2, 5)
+    stream = directory.DirectoryStream(tmp_path, 1, idle_timeout_s=0.3, poll_s=0.05)
+    stream.owned, stream.cursor = ["0"], StreamCursor({"0": Position(None, 0)})
+    counted = []
+    monkeypatch.setattr(directory, "count_records", lambda path, p: counted.append(os.path.basename(path)) or 5)
+    slices = stream._slices()
+    assert [os.path.basename(next(slices)[0]) for _ in range(2)] == ["events-00000.tfrecord", "events-00001.tfrecord"]
+    os.remove(tmp_path / "0" / "events-00000.tfrecord")
+    os.remove(tmp_path / "0" / "events-00001.tfrecord")
+    assert list(slices) == []  # idle for 0.3 s: the data ends, without an error
+    assert counted == ["events-00000.tfrecord", "events-00001.tfrecord"]
+
+
 def _load(out, tag, size):
     parts = [np.load(out / f"{tag}-rank{r}-of{size}.npz") for r in range(size)]
     keys = np.concatenate([p["keys"] for p in parts])

@@ -95,17 +95,19 @@ class DirectoryStream:
         """(file path, first record) of every file slice this rank reads, in order; logged to the cursor."""
         self._started = True
         cursor, owned = self.cursor, self.owned
-        reading = dict(cursor.initial)
+        # Where each partition's reading stands, and whether that file was handed out whole (then it
+        # is neither counted again while waiting for the next one, nor needed if it goes away).
+        reading = {p: (pos, False) for p, pos in cursor.initial.items()}
         turn = owned.index(self._resume) if self._resume in owned else 0
         idle_since, said = time.monotonic(), time.monotonic()
         while True:
             for k in range(len(owned)):
                 partition = owned[(turn + k) % len(owned)]
-                found = self._next_slice(partition, reading[partition])
+                found = self._next_slice(partition, *reading[partition])
                 if found is None:
                     continue
                 file, first, count = found
-                reading[partition] = PartitionPosition(file, count)
+                reading[partition] = (PartitionPosition(file, count), True)
                 turn = (turn + k + 1) % len(owned)
                 idle_since = said = time.monotonic()
                 cursor.handed(partition, file, first, count - first)
@@ -123,11 +125,12 @@ class DirectoryStream:
                     said = now
                 time.sleep(self.poll_s)
 
-    def _next_slice(self, partition: str, at: PartitionPosition):
-        """(file, first record, record count) of the partition's next unread records, or None."""
+    def _next_slice(self, partition: str, at: PartitionPosition, whole: bool):
+        """(file, first record, record count) of the partition's next unread records, or None.
+        whole: `at.file` was handed out to its end."""
         folder = os.path.join(self.root, partition)
         names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
-        if at.file is not None and at.offset > 0:
+        if not whole and at.file is not None and at.offset > 0:
             if at.file in names:
                 count = count_records(os.path.join(folder, at.file), partition)
                 if at.offset < count:
@@ -139,12 +142,12 @@ class DirectoryStream:
                 raise StreamFileError(f"stream partition {partition!r}: {at.file} was removed before it was read "
                                       f"to its end ({at.offset} records trained); keep a partition's files until a "
                                       "checkpoint holds a later position")
+        done = whole or at.offset > 0  # at.file itself is read (or was resumed above)
         for name in names:
-            if at.file is not None and (name < at.file or (name == at.file and at.offset > 0)):
+            if at.file is not None and (name < at.file or (name == at.file and done)):
                 continue
             count = count_records(os.path.join(folder, name), partition)
             if count:
                 return name, 0, count
-            at = PartitionPosition(name, 0)
         return None
 
