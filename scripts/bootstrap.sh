@@ -51,6 +51,18 @@ if [ "$(cat "$venv/.deps-stamp" 2>/dev/null)" != "$req_hash" ]; then
   rm -f "$venv/.native-stamp"
 fi
 
+# The message broker that stream training reads from (Redis Streams), from Debian's packages: the
+# tests and the stream demo start their own server on a localhost port and stop it.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's redis-server (the stream tests' and demo's broker)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    log "redis-server is not installed and this is not a root Debian machine: the broker tests and stream demo" \
+        "need it (as root: apt-get install redis-server)"
+  fi
+fi
+
 [ "${1:-}" = "--deps-only" ] && exit 0
 
 # The native module: rebuilt whenever a source or build file changed.

@@ -3,12 +3,15 @@ checkpoint, and a job killed mid-run and restarted that trains every record exac
 import glob
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from mpi_helpers import check, mpiexec
+from shardrec.launch.redis_server import RedisServer, free_port
 from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
 from shardrec.rank_runtime.formats.sparse_checkpoint import read_manifest
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
@@ -18,27 +21,57 @@ from shardrec.rank_runtime.stream.tfrecord_files import count_records
 FIELDS = 3
 
 
-def produce(root, partitions, files, records, seed=0):
-    """`files` files of `records` tf.train.Example records in each partition, written under a
-    dot-name and renamed into place as a producer does; returns every record's ids."""
+def events(partitions, files, records, seed=0):
+    """{(file, partition): serialized tf.train.Example records}, and every record's ids."""
     rng = np.random.default_rng(seed)
     pool = rng.integers(0, 2**40, size=200)
-    written = []
+    out, written = {}, []
     for f in range(files):
         for p in range(partitions):
-            folder = os.path.join(root, str(p))
-            os.makedirs(folder, exist_ok=True)
             ids = pool[np.minimum(rng.geometric(0.03, size=(records, FIELDS)) - 1, len(pool) - 1)]
             ys = rng.normal(size=records).astype(np.float32)
-            tmp = os.path.join(folder, f".events-{f:05d}.tfrecord")
-            with tf.io.TFRecordWriter(tmp) as w:
-                for row, y in zip(ids, ys):
-                    w.write(tf.train.Example(features=tf.train.Features(feature={
-                        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
-                        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString())
-            os.rename(tmp, os.path.join(folder, f"events-{f:05d}.tfrecord"))
+            out[f, p] = [tf.train.Example(features=tf.train.Features(feature={
+                "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString()
+                for row, y in zip(ids, ys)]
             written.append(ids)
-    return np.concatenate(written)
+    return out, np.concatenate(written)
+
+
+def produce(root, partitions, files, records, seed=0):
+    """`files` files of `records` records in each partition, written under a dot-name and renamed
+    into place as a producer does; returns every record's ids."""
+    by_file, ids = events(partitions, files, records, seed)
+    for (f, p), serialized in by_file.items():
+        folder = os.path.join(root, str(p))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".events-{f:05d}.tfrecord")
+        with tf.io.TFRecordWriter(tmp) as w:
+            for record in serialized:
+                w.write(record)
+        os.rename(tmp, os.path.join(folder, f"events-{f:05d}.tfrecord"))
+    return ids
+
+
+def publish(url, name, partitions, files, records, seed=0, only_files=None):
+    """The records of produce(), appended to Redis streams name:0 .. name:<partitions - 1>."""
+    import redis
+
+    by_file, ids = events(partitions, files, records, seed)
+    client = redis.Redis.from_url(url)
+    for (f, p), serialized in by_file.items():
+        if only_files is None or f in only_files:
+            pipe = client.pipeline()
+            for record in serialized:
+                pipe.xadd(f"{name}:{p}", {"record": record})
+            pipe.execute()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with RedisServer(str(tmp_path_factory.mktemp("redis"))) as server:
+        yield server
 
 
 def test_a_file_is_counted_by_its_framing_and_a_cut_one_is_named(tmp_path):
@@ -63,7 +96,7 @@ def test_a_file_read_to_its_end_may_go_and_is_not_counted_again_while_waiting(tm
     stream.owned, stream.cursor = ["0"], StreamCursor({"0": Position(None, 0)})
     counted = []
     monkeypatch.setattr(directory, "count_records", lambda path, p: counted.append(os.path.basename(path)) or 5)
-    slices = stream._slices()
+    slices = stream._read(stream.cursor, None)
     assert [os.path.basename(next(slices)[0]) for _ in range(2)] == ["events-00000.tfrecord", "events-00001.tfrecord"]
     os.remove(tmp_path / "0" / "events-00000.tfrecord")
     os.remove(tmp_path / "0" / "events-00001.tfrecord")
@@ -78,15 +111,28 @@ def _load(out, tag, size):
     return parts, keys[order], np.concatenate([p["values"] for p in parts])[order]
 
 
-def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stood(tmp_path):
+@pytest.mark.parametrize("source", ["directory", "redis"])
+def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stood(tmp_path, source, request):
     """4 partitions, 2 ranks, batches of 8: 3 files of 24 records a partition are 18 steps. Rank 1
     is SIGKILLed after step 7 (checkpoints every 5 steps: the latest is step 5, and tf.data had
     read ahead of it); the restarted job resumes from step 5 and ends with the tables, bit for
-    bit, of a job that was never stopped (SGD), having trained each record once."""
-    stream = tmp_path / "stream"
-    ids = produce(stream, 4, 3, 24)
-    common = ["--stream", stream, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2,
-              "--access-threshold", 3]
+    bit, of a job that was never stopped (SGD), having trained each record once. The same records
+    from a directory of files, and from Redis streams (blocks of 16 entries)."""
+    if source == "directory":
+        stream = tmp_path / "stream"
+        ids = produce(stream, 4, 3, 24)
+        where = ["--stream", stream]
+        ends = {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
+    else:
+        import redis
+
+        url, name = request.getfixturevalue("broker").url, tmp_path.name
+        ids = publish(url, name, 4, 3, 24)
+        where = ["--stream", name, "--broker", url]
+        client = redis.Redis.from_url(url)
+        ends = {str(p): PartitionPosition(client.xrevrange(f"{name}:{p}", count=1)[0][0].decode(), 72)
+                for p in range(4)}
+    common = [*where, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2, "--access-threshold", 3]
     check(mpiexec(2, "stream_job.py", *common, "--tag", "straight", "--model", tmp_path / "straight", timeout=240))
     killed = mpiexec(2, "stream_job.py", *common, "--tag", "killed", "--model", tmp_path / "resumed", "--die-at", 7,
                      timeout=240)
@@ -126,4 +172,98 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
         shards = [read_manifest(os.path.join(os.path.dirname(final), f"sparse-{os.path.basename(final)}",
                                              f"rank-{r}-of-{ranks}")) for r in range(ranks)]
         positions = {p: pos for m in shards for p, pos in m.stream.partitions.items()}
-        assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}, (model, positions)
+        assert positions == ends, (model, positions)
+
+
+def _reader(stream, positions, resume=None):
+    """The reader of a stream alone (no MPI): this process owns every partition."""
+    from shardrec.rank_runtime.stream.cursor import StreamCursor
+
+    stream.owned = list(stream.names)
+    stream.cursor = StreamCursor(positions)
+    stream._prepare()
+    return stream._read(stream.cursor, resume)
+
+
+def test_a_restore_at_the_end_of_a_files_goes_on_with_the_next_partition(tmp_path):
+    """A save that ended exactly at the end of a file of partition 0 (its resume partition): the job
+    that never stopped read partition 1 next, and so does the restored one."""
+    from shardrec.rank_runtime.stream import directory
+
+    produce(tmp_path, 2, 2, 4)
+    stream = directory.DirectoryStream(tmp_path, 2, idle_timeout_s=0.2, poll_s=0.05)
+    cut = _reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 2), "1": PartitionPosition(None, 0)}, "0")
+    assert [(os.path.relpath(path, tmp_path), first) for path, first in cut][:2] == [
+        ("0/events-00000.tfrecord", 2), ("1/events-00000.tfrecord", 0)]
+    ended = _reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 4), "1": PartitionPosition(None, 0)}, "0")
+    assert [(os.path.relpath(path, tmp_path), first) for path, first in ended][:2] == [
+        ("1/events-00000.tfrecord", 0), ("0/events-00001.tfrecord", 0)]
+
+
+def test_a_broker_entry_without_the_record_or_trimmed_before_training_is_named(broker, tmp_path):
+    import redis
+
+    from shardrec.rank_runtime.stream import RedisStream
+
+    client, name = redis.Redis.from_url(broker.url), tmp_path.name
+    first = client.xadd(f"{name}:0", {"record": b"a"}).decode()
+    bad = client.xadd(f"{name}:0", {"payload": b"b"}).decode()
+    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.2, poll_s=0.05, block_records=4)
+    blocks = _reader(stream, {"0": PartitionPosition(None, 0)})
+    with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0' has no field "
+                                              r"'record' \(it has \['payload'\]\)"):
+        next(blocks)
+    # Both entries trimmed away, of which one was never trained: refused, before anything is read.
+    client.xtrim(f"{name}:0", maxlen=0)
+    with pytest.raises(StreamFileError, match=rf"1 entries of Redis stream '{name}:0' after entry {first} "
+                                              r"\(position 1\) were trimmed before they were trained"):
+        next(_reader(stream, {"0": PartitionPosition(first, 1)}))
+    # Trained to its end, then trimmed (retention after a checkpoint): nothing to read, no error.
+    assert list(_reader(stream, {"0": PartitionPosition(bad, 2)})) == []
+
+
+def test_a_broker_that_does_not_answer_at_start_is_named(tmp_path):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    proc = mpiexec(1, "stream_job.py", "--stream", "events", "--broker", url, "--partitions", 1, "--out", tmp_path,
+                   "--tag", "t", "--model", tmp_path / "model", timeout=120)
+    assert proc.returncode != 0
+    assert f"RedisStream: the broker at {url} did not answer within 5 s" in proc.stderr, proc.stderr[-3000:]
+    assert "start it, or give the url of one that runs" in proc.stderr
+
+
+def test_a_broker_that_goes_away_and_comes_back_loses_nothing(tmp_path):
+    """2 ranks train the first file of each of 2 partitions, the broker is SIGKILLed and, 3 s later,
+    started again on its append-only file; then the rest is published. The job waits, goes on, and
+    at its end every key was counted once per occurrence in the stream."""
+    server = RedisServer(str(tmp_path / "redis")).start()
+    name, model = "events", tmp_path / "model"
+    ids = publish(server.url, name, 2, 3, 24, only_files={0})
+    result = {}
+    job = threading.Thread(target=lambda: result.update(proc=mpiexec(
+        2, "stream_job.py", "--stream", name, "--broker", server.url, "--partitions", 2, "--out", tmp_path,
+        "--tag", "away", "--model", model, "--every", 2, "--idle", 8, "--access-threshold", 2, timeout=240)))
+    job.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not (model / "model-2.index").exists():
+            assert job.is_alive() and time.monotonic() < deadline, result
+            time.sleep(0.1)
+        server.stop(kill=True)
+        time.sleep(3)
+        server.start()
+        publish(server.url, name, 2, 3, 24, only_files={1, 2})
+        job.join(240)
+    finally:
+        server.stop()
+    proc = check(result["proc"])
+    assert "the broker does not answer" in proc.stderr and "the broker answers again after" in proc.stderr
+    parts = [np.load(tmp_path / f"away-rank{r}-of2.npz") for r in range(2)]
+    assert sum(int(p["records"]) for p in parts) == len(ids)
+    [ckpt] = find_checkpoints(tf.train.latest_checkpoint(str(model)))
+    rows = table_rows(ckpt, "emb")
+    counted = np.concatenate([rows["keys"], rows["pending_keys"]])
+    counts = np.concatenate([rows["counts"], rows["pending_counts"]])
+    seen, times = np.unique(ids, return_counts=True)
+    order = np.argsort(counted)
+    np.testing.assert_array_equal(counted[order], seen)
+    np.testing.assert_array_equal(counts[order], times)

@@ -22,6 +22,6 @@ def restore_stream(stream, save_path: str) -> None:
     cfg = config.get_config()
     step = next(iter(manifests.values())).step
     stream.restore(positions, resumes.get(cfg.rank) if saved_size == cfg.size else None, step or 0)
-    log.info("stream %s resumes at step %s: %s", stream.root, step,
-             ", ".join(f"partition {p} at {pos.file}:{pos.offset}" for p, pos in sorted(positions.items())
+    log.info("stream %s resumes at step %s: %s", stream.source, step,
+             ", ".join(f"partition {p} at {pos}" for p, pos in sorted(positions.items())
                        if p in stream.owned) or "no partition read yet")

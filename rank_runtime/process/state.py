@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..embedding.table import EmbeddingTable
     from ..formats.heartbeat_format import Heartbeat
     from ..serving.export import ServingExport
-    from ..stream.directory import DirectoryStream
+    from ..stream.partitioned import PartitionedStream
     from .config import RuntimeConfig
     from .world import World
 
@@ -67,9 +67,9 @@ class ProcessState:
     resize: ResizeState = field(default_factory=ResizeState)
     # serving/export.py: the export in progress in this process (create_table and sparse_lookup ask).
     serving_export: "Optional[ServingExport]" = None
-    # stream/directory.py: the stream this process trains from (its dataset() sets it); the key
+    # stream/: the stream this process trains from (its dataset() sets it); the key
     # pipeline reports its training batches to it, the Saver saves and restores its positions.
-    stream: "Optional[DirectoryStream]" = None
+    stream: "Optional[PartitionedStream]" = None
 
 
 STATE = ProcessState()

@@ -11,7 +11,7 @@ the positions after T - start batches (one batch per global step, as admission's
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from ..formats.stream_positions import PartitionPosition, StreamPositions
 
@@ -24,6 +24,17 @@ class _Slice:
     file: str
     first: int  # the record of `file` it starts at
     records: int
+    # A broker's slice (redis_streams.py): the entry ids of its records, and the partition's count
+    # of records before it. Its position after k of them is (ids[k - 1], base + k): the last
+    # entry trained, and how many the partition has trained in all.
+    ids: Optional[Sequence[str]] = None
+    base: int = 0
+    taken: int = 0
+
+    def position(self) -> PartitionPosition:
+        if self.ids is None:
+            return PartitionPosition(self.file, self.first)
+        return PartitionPosition(self.ids[self.taken - 1], self.base + self.taken)
 
 
 class StreamCursor:
@@ -42,6 +53,11 @@ class StreamCursor:
         with self._lock:
             self._handed.append(_Slice(partition, file, first, records))
 
+    def handed_entries(self, partition: str, ids: Sequence[str], base: int) -> None:
+        """A broker's entries, `base` records of the partition before them."""
+        with self._lock:
+            self._handed.append(_Slice(partition, ids[0], 0, len(ids), list(ids), base))
+
     def batch_exchanged(self, samples: int) -> None:
         with self._lock:
             left = samples
@@ -54,9 +70,10 @@ class StreamCursor:
                 head = self._handed[0]
                 took = min(left, head.records)
                 head.first += took
+                head.taken += took
                 head.records -= took
                 left -= took
-                self._positions[head.partition] = PartitionPosition(head.file, head.first)
+                self._positions[head.partition] = head.position()
                 self._resume = head.partition
                 if not head.records:
                     self._handed.popleft()

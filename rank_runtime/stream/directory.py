@@ -15,90 +15,53 @@ the saved positions to the stream before its dataset runs, into the same ranks o
 """
 import os
 import time
-from typing import Dict, Optional
+from typing import Optional
 
 import tensorflow as tf
 
-from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
-from ..process import config
 from ..process.logs import get_logger
-from ..process.state import STATE
-from ..process.world import get_world
-from ..validation import check_int, check_number
-from .cursor import StreamCursor
+from ..validation import check_number
+from .partitioned import WAIT_LOG_S, PartitionedStream
 from .tfrecord_files import StreamFileError, count_records
 
 log = get_logger("shardrec.stream")
-WAIT_LOG_S = 30.0
 
 
-class DirectoryStream:
+class DirectoryStream(PartitionedStream):
     def __init__(self, root: str, partitions: int, idle_timeout_s: Optional[float] = None, poll_s: float = 0.2):
         owner = "DirectoryStream"
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise TypeError(f"{owner}: root must be a directory path, got {root!r}")
-        check_int(owner, "partitions", partitions, 1, 1 << 20)
-        if idle_timeout_s is not None:
-            check_number(owner, "idle_timeout_s", idle_timeout_s, 0, None, lo_open=True)
         check_number(owner, "poll_s", poll_s, 0, 60, lo_open=True)
-        self.root, self.partitions = os.path.abspath(os.fspath(root)), partitions
-        self.idle_timeout_s, self.poll_s = idle_timeout_s, poll_s
-        self.names = [str(i) for i in range(partitions)]
-        self.owned = []
-        self.cursor: Optional[StreamCursor] = None
-        self._resume: Optional[str] = None
-        self._started = False
+        self.root = os.path.abspath(os.fspath(root))
+        super().__init__(owner, repr(self.root), partitions, idle_timeout_s)
+        self.poll_s = poll_s
 
-    def dataset(self) -> tf.data.Dataset:
-        """This rank's records (serialized tf.train.Example strings, or whatever the producer wrote),
-        for the user's batch, parse and get_asc_insert_func maps."""
-        cfg = config.get_config()
-        if self.partitions < cfg.size:
-            raise ValueError(f"DirectoryStream({self.root!r}): {self.partitions} partition(s) for {cfg.size} ranks; "
-                             "every rank reads at least one: give partitions >= the number of ranks")
-        self.owned = [n for i, n in enumerate(self.names) if i % cfg.size == cfg.rank]
+    def _prepare(self) -> None:
         for name in self.names:
             os.makedirs(os.path.join(self.root, name), exist_ok=True)
-        self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
-        self._number_batches_from(0)
-        STATE.stream = self
-        slices = tf.data.Dataset.from_generator(self._slices, output_signature=(
+
+    def _records(self) -> tf.data.Dataset:
+        slices = tf.data.Dataset.from_generator(self._generator, output_signature=(
             tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)))
         read = tf.autograph.experimental.do_not_convert(lambda path, first: tf.data.TFRecordDataset(path).skip(first))
         return slices.flat_map(read)
 
-    def restore(self, positions: Dict[str, PartitionPosition], resume: Optional[str], step: int) -> None:
-        """Starts this rank's partitions at a checkpoint's positions (Saver.restore calls it).
-        resume: the partition whose file this rank's save cut (same ranks only), read first."""
-        if self._started:
-            raise RuntimeError("DirectoryStream: the checkpoint was restored after the stream's dataset began to "
-                               "read; restore before the first run of the dataset's iterator")
-        unknown = sorted(set(positions) - set(self.names))
-        if unknown:
-            raise ValueError(f"DirectoryStream({self.root!r}): the checkpoint has positions of partition(s) {unknown}, "
-                             f"which a stream of {self.partitions} partitions does not have; read it with the "
-                             "partition count it was saved with")
-        self.cursor = StreamCursor({p: positions.get(p, PartitionPosition(None, 0)) for p in self.owned}, step)
-        self._resume = resume if resume in self.owned else None
-        self._number_batches_from(step)
-
-    @staticmethod
-    def _number_batches_from(step: int) -> None:
-        """A stream's batches are one per global step from `step` on: the key exchange numbers them
-        so, and a save of step T takes back what admission counted of batches T, T+1, ... that
-        tf.data looked up ahead (admission/steps.py), as the stream's positions leave their records
-        unread."""
-        get_world().exchanges[Channel.TRAIN].set_step(step)
-
-    def _slices(self):
+    def _read(self, cursor, resume):
         """(file path, first record) of every file slice this rank reads, in order; logged to the cursor."""
-        self._started = True
-        cursor, owned = self.cursor, self.owned
+        owned = self.owned
         # Where each partition's reading stands, and whether that file was handed out whole (then it
         # is neither counted again while waiting for the next one, nor needed if it goes away).
         reading = {p: (pos, False) for p, pos in cursor.initial.items()}
-        turn = owned.index(self._resume) if self._resume in owned else 0
+        turn = 0
+        if resume in owned:
+            # The save cut this partition's file, or ended exactly at its end: then the job that
+            # never stopped went on with the next partition.
+            at = cursor.initial[resume]
+            path = os.path.join(self.root, resume, at.file or "")
+            ended = at.file is not None and (not os.path.exists(path) or count_records(path, resume) <= at.offset)
+            turn = (owned.index(resume) + ended) % len(owned)
         idle_since, said = time.monotonic(), time.monotonic()
         while True:
             for k in range(len(owned)):

@@ -1,9 +1,9 @@
-"""Trains from a DirectoryStream until it is idle, saving every --every steps; dumps what every rank
-holds at the end.
+"""Trains from a DirectoryStream (or, with --broker, a RedisStream) until it is idle, saving every
+--every steps; dumps what every rank holds at the end.
 
-    mpiexec -np N python stream_job.py --stream DIR --partitions P --out DIR --tag T --model DIR
-                                       [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam] [--idle S]
-                                       [--access-threshold N]
+    mpiexec -np N python stream_job.py --stream DIR|NAME --partitions P --out DIR --tag T --model DIR
+                                       [--broker URL] [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam]
+                                       [--idle S] [--access-threshold N]
 
 Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
 itself after the step that makes the global step STEP (a rank lost mid-run). Writes
@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, Saver, create_table, get_asc_insert_func,
-                                   get_dense_and_sparse_variable, get_rank_id, get_rank_size, init, sparse_lookup,
-                                   start_asc_pipeline)
+from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, RedisStream, Saver, create_table,
+                                   get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id, get_rank_size, init,
+                                   sparse_lookup, start_asc_pipeline)
 
 FIELDS, DIM, BATCH = 3, 4, 8
 
@@ -36,6 +36,7 @@ def main():
     for name in ("--stream", "--out", "--tag", "--model"):
         p.add_argument(name, required=True)
     p.add_argument("--partitions", type=int, required=True)
+    p.add_argument("--broker", help="a Redis URL: --stream names its streams")
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--die-at", type=int)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazy_adam"])
@@ -47,7 +48,11 @@ def main():
     tf.compat.v1.set_random_seed(5)
     init()
     rank, size = get_rank_id(), get_rank_size()
-    stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05)
+    if args.broker:
+        stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05,
+                             block_records=16)
+    else:
+        stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05)
     spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
     dataset = stream.dataset().batch(BATCH).map(parse).map(get_asc_insert_func([spec], is_training=True))
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))

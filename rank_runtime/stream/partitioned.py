@@ -1,0 +1,84 @@
+"""What every stream source shares: partitions "0".."P-1" (partition i is read by rank i % world
+size, so every record is read by one rank), the cursor of what training took from them, and the
+restore of a checkpoint's positions into the same ranks or other ones.
+
+A source defines _prepare() (checks made when the dataset is built, on every rank) and
+_read(cursor, resume) (a generator of what tf.data reads, logging every slice it hands out to the
+cursor), and the dataset of its records (_records)."""
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+from ..formats.channel import Channel
+from ..formats.stream_positions import PartitionPosition
+from ..process import config
+from ..process.state import STATE
+from ..process.world import get_world
+from ..validation import check_int, check_number
+from .cursor import StreamCursor
+
+WAIT_LOG_S = 30.0  # a waiting reader says so this often
+
+
+class PartitionedStream:
+    def __init__(self, owner: str, source: str, partitions: int, idle_timeout_s: Optional[float]):
+        check_int(owner, "partitions", partitions, 1, 1 << 20)
+        if idle_timeout_s is not None:
+            check_number(owner, "idle_timeout_s", idle_timeout_s, 0, None, lo_open=True)
+        self.source = source  # for messages: the folder, or the broker and stream name
+        self.partitions, self.idle_timeout_s = partitions, idle_timeout_s
+        self.names = [str(i) for i in range(partitions)]
+        self.owned = []
+        self.cursor: Optional[StreamCursor] = None
+        self._resume: Optional[str] = None
+        self._started = False
+
+    def dataset(self) -> tf.data.Dataset:
+        """This rank's records (serialized tf.train.Example strings, or whatever the producer wrote),
+        for the user's batch, parse and get_asc_insert_func maps."""
+        cfg = config.get_config()
+        if self.partitions < cfg.size:
+            raise ValueError(f"{type(self).__name__}({self.source}): {self.partitions} partition(s) for {cfg.size} "
+                             "ranks; every rank reads at least one: give partitions >= the number of ranks")
+        self.owned = [n for i, n in enumerate(self.names) if i % cfg.size == cfg.rank]
+        self._prepare()
+        self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
+        self._number_batches_from(0)
+        STATE.stream = self
+        return self._records()
+
+    def restore(self, positions: Dict[str, PartitionPosition], resume: Optional[str], step: int) -> None:
+        """Starts this rank's partitions at a checkpoint's positions (Saver.restore calls it).
+        resume: the partition whose slice this rank's save cut (same ranks only), read first."""
+        if self._started:
+            raise RuntimeError(f"{type(self).__name__}: the checkpoint was restored after the stream's dataset began "
+                               "to read; restore before the first run of the dataset's iterator")
+        unknown = sorted(set(positions) - set(self.names))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}({self.source}): the checkpoint has positions of partition(s) "
+                             f"{unknown}, which a stream of {self.partitions} partitions does not have; read it with "
+                             "the partition count it was saved with")
+        self.cursor = StreamCursor({p: positions.get(p, PartitionPosition(None, 0)) for p in self.owned}, step)
+        self._resume = resume if resume in self.owned else None
+        self._number_batches_from(step)
+
+    def _generator(self):
+        self._started = True
+        return self._read(self.cursor, self._resume)
+
+    @staticmethod
+    def _number_batches_from(step: int) -> None:
+        """A stream's batches are one per global step from `step` on: the key exchange numbers them
+        so, and a save of step T takes back what admission counted of batches T, T+1, ... that
+        tf.data looked up ahead (admission/steps.py), as the stream's positions leave their records
+        unread."""
+        get_world().exchanges[Channel.TRAIN].set_step(step)
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _records(self) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    def _read(self, cursor: StreamCursor, resume: Optional[str]):
+        raise NotImplementedError
