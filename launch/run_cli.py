@@ -1,7 +1,8 @@
 """shardrec-run: start a training job on N ranks under the supervisor.
 
     shardrec-run -np N [-H host:slots,...] [--hostfile F] [-x VAR]... [--max-restarts K]
-                 [--restart-delay S] [--hang-timeout S] [--checkpoint-dir D] [--run-dir D] [--] COMMAND...
+                 [--restart-delay S] [--hang-timeout S] [--stop-timeout S] [--checkpoint-dir D] [--run-dir D]
+                 [--] COMMAND...
     shardrec-run -np N --host-discovery-script P --checkpoint-dir D [--min-np A] [--max-np B]
                  [--slots-per-host S] [--elastic-timeout S] [--blacklist-cooldown-range LO HI] ... COMMAND...
 
@@ -18,7 +19,12 @@ prints now (`host` or `host:slots` per line); each attempt runs as many ranks as
 out for a cooldown, and the job goes on with the ranks left from the last checkpoint, resharded;
 when hosts come back, the ranks save at the end of their step and the job goes on with more.
 
-Exit status: 0 done, 1 failed after the allowed restarts (or fewer than -np slots at the start,
+SIGTERM or SIGINT (Ctrl-C) asks every rank to finish its step, save and exit (the job's training input
+ends at the same batch on every rank, and a script that saves when its loop ends saves that step);
+the supervisor then exits 0. A second signal, or --stop-timeout seconds without the job ending,
+stops every process at once (exit 130).
+
+Exit status: 0 done (or stopped and saved on request), 1 failed after the allowed restarts (or fewer than -np slots at the start,
 --min-np later, for --elastic-timeout seconds), 2 bad arguments, 130 interrupted.
 """
 import argparse
@@ -81,6 +87,8 @@ def _parse(argv):
                    help="seconds before the first restart, doubled for each later one, at most 300 (default 5)")
     p.add_argument("--hang-timeout", type=float, default=300.0,
                    help="seconds a rank may make no progress before it counts as hung (default 300)")
+    p.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds the ranks get to save and exit after SIGTERM / SIGINT (default 120)")
     p.add_argument("--checkpoint-dir", help="the job's checkpoint directory: restarts resume from its last "
                                             "complete checkpoint")
     p.add_argument("--run-dir", help="where logs, heartbeats and the summary go "
@@ -115,6 +123,8 @@ def _parse(argv):
         p.error(f"--restart-delay {args.restart_delay}: allowed: 0 to 3600 seconds")
     if not args.hang_timeout > 0:
         p.error(f"--hang-timeout {args.hang_timeout}: allowed: a number of seconds > 0")
+    if not args.stop_timeout > 0:
+        p.error(f"--stop-timeout {args.stop_timeout}: allowed: a number of seconds > 0")
     if not 0 < args.memory_share <= 1:
         p.error(f"--memory-share {args.memory_share}: allowed: (0, 1]")
     if args.hostfile and not os.access(args.hostfile, os.R_OK):
@@ -163,7 +173,7 @@ def main(argv=None):
     args = _parse(argv)
     run_dir = args.run_dir or os.path.join("shardrec-runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     spec = JobSpec(command=args.command, np=args.np, run_dir=os.path.abspath(run_dir), max_restarts=args.max_restarts,
-                   hang_timeout=args.hang_timeout,
+                   hang_timeout=args.hang_timeout, stop_timeout=args.stop_timeout,
                    checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
                    hosts=args.hosts, hostfile=args.hostfile, forward_env=args.forward_env,
                    mpiexec_args=args.mpiexec_args, memory_share=args.memory_share, restart_delay=args.restart_delay)

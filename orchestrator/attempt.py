@@ -66,6 +66,7 @@ class Attempt:
         self.placement, self.on_tick, self.usable_hosts = placement, on_tick, usable_hosts
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
+        self.stopping = None     # when the supervisor asked the ranks to save and stop for good (SIGTERM)
         self.ended = None        # an AttemptEnd once it has
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
@@ -166,6 +167,11 @@ class Attempt:
             silent = {r: now - self.heard.get(r, self.started) for r in live}
             stalled = {r: now - self.moved.get(r, self.started) for r in live}
             hosts = {r: b.host for r, b in self.beats.items()}
+            # A rank whose stream has no new data waits for it, and the others wait for it in the key
+            # exchange (whose own timeout bounds that): no progress by design.
+            waiting = any(self.beats[r].waiting_for_data for r in live if r in self.beats)
+        if waiting:
+            stalled = {}
         # Once a rank has exited, the others are finishing (closing sessions, MPI and Horovod
         # teardown over TCP can take seconds): they make no progress by design, so only a longer
         # wait counts against them. Silence still counts at once.
@@ -214,7 +220,11 @@ class Attempt:
                 time.sleep(0.2)  # the last output lines and beats
                 return self._ended(code)
             if self.interrupt.signal is not None:
-                return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
+                if self.stopping is None and self.interrupt.count == 1 and self.all_ranks_beat():
+                    self.request_stop()
+                elif (self.stopping is None or self.interrupt.count > 1
+                      or now - self.stopping > self.spec.stop_timeout):
+                    return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
             why, rank, lost = self._hung(now)
             if why is not None:
                 self._dump_stacks()
@@ -236,6 +246,17 @@ class Attempt:
         forwards it to every rank on every host (rank_runtime/process/resize.py). Only once every rank beat:
         a rank that has not installed its handler yet would die of the signal."""
         self.resizing = why
+        try:
+            self.proc.send_signal(beats.RESIZE_SIGNAL)
+        except OSError:
+            pass
+
+    def request_stop(self):
+        """The first SIGTERM or SIGINT: every rank finishes its step, saves and exits, as for a resize;
+        a second signal, or spec.stop_timeout without the job ending, stops every process at once."""
+        self.stopping = time.monotonic()
+        log(f"signal {self.interrupt.signal}: every rank finishes its step, saves and stops (within "
+            f"{self.spec.stop_timeout:.0f} s; a second signal stops them at once)")
         try:
             self.proc.send_signal(beats.RESIZE_SIGNAL)
         except OSError:

@@ -52,6 +52,7 @@ class JobSpec:
     echo: bool = True                   # rank 0's output on this terminal
     progress_every: float = 10.0        # seconds between progress lines when stdout is not a terminal
     elastic: ElasticSpec = None         # --host-discovery-script and friends: the job shrinks and grows
+    stop_timeout: float = 120.0         # seconds the ranks get to save and exit after SIGTERM / SIGINT
 
 
 class _Interrupt:
@@ -59,6 +60,7 @@ class _Interrupt:
 
     def __init__(self):
         self.signal = None
+        self.count = 0
 
     def __enter__(self):
         self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -66,6 +68,7 @@ class _Interrupt:
 
     def _handle(self, signum, frame):
         self.signal = signum
+        self.count += 1
 
     def __exit__(self, *exc):
         for s, handler in self._previous.items():
@@ -135,6 +138,8 @@ class Supervisor:
                     if outcome.interrupted:
                         log(f"stopped: {outcome.reason}; every rank is stopped{where}")
                         return 130
+                    if attempt.stopping is not None:
+                        return self._stopped_on_request(attempt, outcome, started, where)
                     if outcome.ok and not attempt.stopped_for_resize():
                         self._summary(started, outcome)
                         return 0
@@ -175,6 +180,17 @@ class Supervisor:
             finally:
                 if self.watch:
                     self.watch.stop()
+
+    def _stopped_on_request(self, attempt, outcome, started, where):
+        """The exit status of a job whose ranks were asked to save and stop (SIGTERM / SIGINT)."""
+        if not outcome.ok:
+            log(f"stopped: asked to by signal {attempt.interrupt.signal}, and the attempt failed meanwhile: "
+                f"{outcome.reason}{where}")
+            return 130
+        log(f"stopped: asked to by signal {attempt.interrupt.signal}; every rank saved and exited at step "
+            f"{attempt.last_step()}{where}")
+        self._summary(started, outcome)
+        return 0
 
     def _steps_lost(self, attempt, resumed_step):
         """Says how many steps the next attempt trains again: those since the checkpoint it resumes from."""

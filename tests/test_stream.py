@@ -21,8 +21,9 @@ from shardrec.rank_runtime.stream.tfrecord_files import count_records
 FIELDS = 3
 
 
-def events(partitions, files, records, seed=0):
-    """{(file, partition): serialized tf.train.Example records}, and every record's ids."""
+def events(partitions, files, records, seed=0, ids_by_file=None):
+    """{(file, partition): serialized tf.train.Example records}, and every record's ids (the same
+    first files whatever `files` is). ids_by_file: a dict that gets each file's ids."""
     rng = np.random.default_rng(seed)
     pool = rng.integers(0, 2**40, size=200)
     out, written = {}, []
@@ -35,14 +36,18 @@ def events(partitions, files, records, seed=0):
                 "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString()
                 for row, y in zip(ids, ys)]
             written.append(ids)
+            if ids_by_file is not None:
+                ids_by_file[f, p] = ids
     return out, np.concatenate(written)
 
 
-def produce(root, partitions, files, records, seed=0):
+def produce(root, partitions, files, records, seed=0, only_files=None):
     """`files` files of `records` records in each partition, written under a dot-name and renamed
     into place as a producer does; returns every record's ids."""
     by_file, ids = events(partitions, files, records, seed)
     for (f, p), serialized in by_file.items():
+        if only_files is not None and f not in only_files:
+            continue
         folder = os.path.join(root, str(p))
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".events-{f:05d}.tfrecord")
@@ -267,3 +272,133 @@ def test_a_broker_that_goes_away_and_comes_back_loses_nothing(tmp_path):
     order = np.argsort(counted)
     np.testing.assert_array_equal(counted[order], seen)
     np.testing.assert_array_equal(counts[order], times)
+
+
+def _counted(model):
+    """Admission's count of every key in the latest checkpoint of `model`, by key, and the stream
+    positions the checkpoint holds."""
+    final = tf.train.latest_checkpoint(str(model))
+    [ckpt] = find_checkpoints(final)
+    rows = table_rows(ckpt, "emb")
+    keys = np.concatenate([rows["keys"], rows["pending_keys"]])
+    counts = np.concatenate([rows["counts"], rows["pending_counts"]])
+    sparse = os.path.join(os.path.dirname(final), f"sparse-{os.path.basename(final)}")
+    positions = {p: pos for shard in os.listdir(sparse) if shard.startswith("rank-")
+                 for p, pos in read_manifest(os.path.join(sparse, shard)).stream.partitions.items()}
+    order = np.argsort(keys)
+    return keys[order], counts[order], positions, int(final.rsplit("-", 1)[1])
+
+
+def _ids_up_to(ids_by_file, positions, files, directory):
+    """The ids of the records before each partition's position: what the checkpoint trained."""
+    taken = []
+    for p, pos in positions.items():
+        whole = [ids_by_file[f, int(p)] for f in range(files)]
+        if directory:
+            done = 0 if pos.file is None else int(pos.file.split("-")[1].split(".")[0])
+            taken += whole[:done] + ([whole[done][:pos.offset]] if pos.file is not None else [])
+        else:
+            taken.append(np.concatenate(whole)[:pos.offset])
+    return np.concatenate(taken) if taken else np.zeros((0, FIELDS), np.int64)
+
+
+def _all_waiting(run, attempt, ranks):
+    """Whether a rank of the attempt waits for stream data, its step unchanged for 2 s."""
+    import json
+
+    def beats():
+        try:
+            return [json.loads((run / f"attempt-{attempt}" / "heartbeat" / f"rank-{r}.json").read_text())
+                    for r in range(ranks)]
+        except (OSError, ValueError):
+            return None
+    first = beats()
+    if not first or not any(b.get("waiting_for_data") for b in first):
+        return False
+    time.sleep(2)
+    again = beats()
+    return bool(again) and [b.get("step") for b in again] == [b.get("step") for b in first] and \
+        any(b.get("waiting_for_data") for b in again)
+
+
+@pytest.mark.parametrize("source", ["directory", "redis"])
+def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink_a_grow_and_sigterm(
+        tmp_path, source, request):
+    """Under shardrec-run with a discovery script: 2 ranks; rank 1 SIGKILLed after step 7 while one
+    slot is left (the job goes on on 1 rank from checkpoint 5, every partition from where it
+    stood); two slots again (it saves, stops and goes on on 2); more data is produced; once the
+    stream has nothing new, SIGTERM: every rank finishes its step, saves, and the supervisor exits
+    0. The final checkpoint's admission counts are exactly the occurrences of every key in the
+    records before its positions, and those positions hold at least every record of the first
+    data."""
+    import signal
+    import subprocess
+    import sys
+
+    from mpi_helpers import JOBS
+    from supervisor_helpers import RUN, run_env
+    from test_elastic import beat_step, discovery, elastic_args, started, stopped_at_the_end, wait_until
+
+    ids_by_file = {}
+    events(4, 5, 24, ids_by_file=ids_by_file)
+    if source == "directory":
+        stream = tmp_path / "stream"
+        produce(stream, 4, 5, 24, only_files={0, 1, 2})
+        where, more = ["--stream", stream], lambda: produce(stream, 4, 5, 24, only_files={3, 4})
+    else:
+        url, name = request.getfixturevalue("broker").url, tmp_path.name
+        publish(url, name, 4, 5, 24, only_files={0, 1, 2})
+        where, more = ["--stream", name, "--broker", url], lambda: publish(url, name, 4, 5, 24, only_files={3, 4})
+    model, out, run = tmp_path / "model", tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    script, listing = discovery(tmp_path, "localhost:2\n")
+    cmd = [RUN, "-np", 2, "--checkpoint-dir", model, "--run-dir", run, "--restart-delay", 1, *elastic_args(script),
+           "--", sys.executable, os.path.join(JOBS, "stream_job.py"), *where, "--partitions", 4, "--out", out,
+           "--tag", "end", "--model", model, "--every", 5, "--die-at", 7, "--idle", 0, "--step-delay", 0.3,
+           "--access-threshold", 3]
+    proc = subprocess.Popen(list(map(str, cmd)), env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    with stopped_at_the_end(proc):
+        wait_until(proc, lambda: beat_step(run, 0) >= 3)
+        listing.write_text("localhost:1\n")
+        wait_until(proc, lambda: beat_step(run, 1) >= 8)
+        listing.write_text("localhost:2\n")
+        wait_until(proc, lambda: (run / "attempt-2" / "command.json").exists())
+        more()
+        wait_until(proc, lambda: _all_waiting(run, 2, 2))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr[-5000:]
+    assert [started(run, a)[0] for a in range(3)] == [2, 1, 2] and not (run / "attempt-3").exists(), stderr[-4000:]
+    assert started(run, 1)[2].endswith("model-5"), stderr[-4000:]
+    assert "stopped: asked to by signal 15; every rank saved and exited at step" in stderr, stderr[-3000:]
+    keys, counts, positions, step = _counted(model)
+    assert sorted(positions) == ["0", "1", "2", "3"]
+    trained = _ids_up_to(ids_by_file, positions, 5, source == "directory")
+    seen, times = np.unique(trained, return_counts=True)
+    np.testing.assert_array_equal(keys, seen)
+    np.testing.assert_array_equal(counts, times)
+    assert len(trained) >= 4 * 3 * 24, positions  # all of the first data, and what the ranks had of the rest
+    final = [np.load(out / f"end-rank{r}-of2.npz") for r in range(2)]
+    assert [int(f["step"]) for f in final] == [step, step]
+
+
+def test_a_job_killed_mid_save_resumes_from_the_save_before_and_trains_every_record_once(tmp_path):
+    """Rank 1 of a 2-rank job SIGKILLs itself inside its save of step 10 (its arrays written, its
+    manifest not): the restarted job resumes from step 5 and, at its end, every key was counted
+    once per occurrence and every partition was read to its end."""
+    stream, model = tmp_path / "stream", tmp_path / "model"
+    ids = produce(stream, 4, 3, 24)
+    common = ["--stream", stream, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2,
+              "--access-threshold", 3, "--model", model]
+    killed = mpiexec(2, "stream_job.py", *common, "--tag", "killed", "--die-in-save", 10, timeout=240)
+    assert killed.returncode != 0 and not (model / "sparse-model-10").exists(), killed.stderr[-3000:]
+    assert tf.train.latest_checkpoint(str(model)).endswith("model-5")
+    proc = check(mpiexec(2, "stream_job.py", *common, "--tag", "resumed", timeout=240))
+    assert "resumes at step 5" in proc.stderr, proc.stderr[-8000:]
+    keys, counts, positions, step = _counted(model)
+    seen, times = np.unique(ids, return_counts=True)
+    np.testing.assert_array_equal(keys, seen)
+    np.testing.assert_array_equal(counts, times)
+    assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
+    assert step == 18

@@ -132,25 +132,55 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
     assert not (tmp_path / "run").exists(), "nothing started"
 
 
-def test_sigterm_stops_every_rank_and_says_where_the_last_checkpoint_is(tmp_path):
-    import signal
+def _supervised_until_checkpoint(tmp_path, env, *extra):
     import time
 
     ckpt, out, run = tmp_path / "ckpt", tmp_path / "out", tmp_path / "run"
     out.mkdir()
-    env = run_env(fault="1:12:stop")  # rank 1 freezes: the job would not end by itself before the hang timeout
     proc = subprocess.Popen([RUN, "-np", "2", "--checkpoint-dir", ckpt, "--run-dir", run, "--hang-timeout", "600",
-                             "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.PIPE,
+                             *extra, "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (ckpt / "checkpoint").exists():
         time.sleep(0.2)
     time.sleep(3)
+    return proc, ckpt, out, run
+
+
+def test_a_second_sigterm_stops_every_rank_at_once_and_says_where_the_last_checkpoint_is(tmp_path):
+    """Rank 1 freezes: the first SIGTERM's request to save and stop cannot be met (and the job would
+    not end by itself before the hang timeout); the second stops every process."""
+    import signal
+    import time
+
+    proc, _, _, run = _supervised_until_checkpoint(tmp_path, run_env(fault="1:12:stop"))
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-3000:]
+    assert "signal 15: every rank finishes its step, saves and stops (within 120 s; a second signal stops them at " \
+           "once)" in stderr, stderr[-3000:]
     assert re.search(r"stopped: interrupted by signal 15; every rank is stopped; the last complete checkpoint is "
                      r"\S+model.ckpt-\d+ \(step \d+\)", stderr), stderr[-3000:]
+    assert_gone(attempt_pids(run, 0))
+
+
+def test_sigterm_makes_every_rank_finish_its_step_save_and_exit_0(tmp_path):
+    """The job (a step every 0.3 s) gets one SIGTERM: its ranks end their input at the same batch, the
+    script saves that step when its loop ends, and the supervisor exits 0 naming the checkpoint."""
+    import signal
+
+    proc, ckpt, out, run = _supervised_until_checkpoint(tmp_path, run_env(STEP_DELAY_S="0.3"))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    found = re.search(r"stopped: asked to by signal 15; every rank saved and exited at step (\d+); the last complete "
+                      r"checkpoint is \S+model.ckpt-(\d+) \(step (\d+)\)", stderr)
+    assert found and found[1] == found[2] == found[3] and 5 <= int(found[1]) < 30, stderr[-3000:]
+    steps = [int(np.load(out / f"final-rank{r}.npz")["step"]) for r in (0, 1)]
+    assert steps == [int(found[1])] * 2
+    assert json.loads((run / "summary.json").read_text())["ok"]
     assert_gone(attempt_pids(run, 0))
 
 
@@ -233,6 +263,26 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
     why, rank, _ = attempt._hung(now + 16)
     assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")
 
+
+def test_a_job_whose_stream_has_no_new_data_is_waiting_not_hung_but_silence_counts(tmp_path):
+    """A rank whose stream has nothing new says so in its beats; it and the ranks waiting for it in
+    the key exchange make no progress by design. A silent rank is still hung at the hang timeout."""
+    from shardrec.orchestrator.attempt import Attempt
+    from shardrec.orchestrator.supervisor import JobSpec
+
+    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
+    attempt.started = now = 1000.0
+    attempt.beats = {0: Heartbeat(host="a", waiting_for_data=True), 1: Heartbeat(host="a")}
+    attempt.heard = {0: now + 99, 1: now + 99}
+    attempt.moved = {0: now, 1: now}
+    assert attempt._hung(now + 100) == (None, None, None)  # 100 s without progress, both ticking
+    attempt.beats[0] = Heartbeat(host="a")  # data again, and still no progress: stalled
+    why, rank, _ = attempt._hung(now + 100)
+    assert rank in (0, 1) and "made no progress for 100 s (hang timeout 10 s)" in why, why
+    attempt.beats[0] = Heartbeat(host="a", waiting_for_data=True)
+    attempt.heard[1] = now + 80
+    why, rank, _ = attempt._hung(now + 100)
+    assert rank == 1 and why.startswith("rank 1 on host a sent no heartbeat for 20 s (hang timeout 10 s)"), why
 
 
 def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp_path):

@@ -48,6 +48,9 @@ class Heartbeat:
     rss: int = 0
     exiting: bool = False  # the rank's last beat, at exit
     resize_stop: bool = False  # the rank ended its training input because the supervisor asked (resize.py)
+    # The rank's stream has no new data and it waits for some (stream/): the job makes no progress
+    # by design, and the ranks in the key exchange wait for it (silence still counts).
+    waiting_for_data: bool = False
 
     def step_or_batches(self) -> Optional[int]:
         """The training step the script reported, else the training batches exchanged."""

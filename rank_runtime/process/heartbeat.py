@@ -93,6 +93,15 @@ def resize_stop() -> None:
     _progress(resize_stop=True)
 
 
+def waiting_for_data(waiting: bool) -> None:
+    """This rank's stream has nothing new and it waits (True), or it has data again (False)."""
+    if _beats.fd is None:
+        return
+    with _beats.lock:
+        _beats.beat = dataclasses.replace(_beats.beat, waiting_for_data=waiting)
+    _write(force=True)
+
+
 def report(step: Optional[int] = None, loss: Optional[float] = None, samples_per_s: Optional[float] = None,
            total_steps: Optional[int] = None) -> None:
     """What a training script tells the supervisor after a step: its global step, loss, speed and

@@ -42,6 +42,9 @@ class ResizeState:
     field), and the batch after which this rank's input stopped for it (said once)."""
     asked: bool = False
     stopped_after: Optional[int] = None
+    wakeup: Optional[int] = None  # the read end of the signals' pipe (resize.py)
+    on_sigterm: bool = False  # SIGTERM asks for the stop too (a job that trains from a stream)
+    terms: int = 0  # SIGTERMs arrived: the second ends the process
 
 
 @dataclass

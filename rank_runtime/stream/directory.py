@@ -73,14 +73,13 @@ class DirectoryStream(PartitionedStream):
                 reading[partition] = (PartitionPosition(file, count), True)
                 turn = (turn + k + 1) % len(owned)
                 idle_since = said = time.monotonic()
+                self._has_data()
                 cursor.handed(partition, file, first, count - first)
                 yield os.path.join(self.root, partition, file), first
                 break
             else:
                 now = time.monotonic()
-                if self.idle_timeout_s is not None and now - idle_since >= self.idle_timeout_s:
-                    log.info("stream %s: nothing new in partition(s) %s for %.0f s (idle_timeout_s): this rank's data "
-                             "ends", self.root, ", ".join(owned), now - idle_since)
+                if self._wait_ends(now - idle_since):
                     return
                 if now - said >= WAIT_LOG_S:
                     log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.root,

@@ -11,13 +11,15 @@ import tensorflow as tf
 
 from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
-from ..process import config
+from ..process import config, heartbeat, resize
+from ..process.logs import get_logger
 from ..process.state import STATE
 from ..process.world import get_world
 from ..validation import check_int, check_number
 from .cursor import StreamCursor
 
 WAIT_LOG_S = 30.0  # a waiting reader says so this often
+log = get_logger("shardrec.stream")
 
 
 class PartitionedStream:
@@ -32,6 +34,7 @@ class PartitionedStream:
         self.cursor: Optional[StreamCursor] = None
         self._resume: Optional[str] = None
         self._started = False
+        self._waiting = False
 
     def dataset(self) -> tf.data.Dataset:
         """This rank's records (serialized tf.train.Example strings, or whatever the producer wrote),
@@ -45,6 +48,7 @@ class PartitionedStream:
         self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
         self._number_batches_from(0)
         STATE.stream = self
+        resize.stop_on_sigterm()
         return self._records()
 
     def restore(self, positions: Dict[str, PartitionPosition], resume: Optional[str], step: int) -> None:
@@ -65,6 +69,26 @@ class PartitionedStream:
     def _generator(self):
         self._started = True
         return self._read(self.cursor, self._resume)
+
+    def _wait_ends(self, waited_s: float) -> bool:
+        """Called while the reader has nothing new to hand out (it then sleeps or blocks briefly):
+        whether its data ends now, because the job was asked to stop or idle_timeout_s passed."""
+        if not self._waiting:
+            self._waiting = True
+            heartbeat.waiting_for_data(True)
+        if resize.requested():
+            log.info("stream %s: the job was asked to stop while waiting for data: this rank's data ends", self.source)
+            return True
+        if self.idle_timeout_s is not None and waited_s >= self.idle_timeout_s:
+            log.info("stream %s: nothing new in partition(s) %s for %.0f s (idle_timeout_s): this rank's data ends",
+                     self.source, ", ".join(self.owned), waited_s)
+            return True
+        return False
+
+    def _has_data(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            heartbeat.waiting_for_data(False)
 
     @staticmethod
     def _number_batches_from(step: int) -> None:

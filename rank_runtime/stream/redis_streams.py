@@ -107,13 +107,12 @@ class RedisStream(PartitionedStream):
                     # The next partition's turn only once this block is whole (aligned blocks).
                     turn = (turn + k + (len(ids) == want)) % len(owned)
                     idle_since = said = time.monotonic()
+                    self._has_data()
                     yield records
                     break
                 else:
                     now = time.monotonic()
-                    if self.idle_timeout_s is not None and now - idle_since >= self.idle_timeout_s:
-                        log.info("stream %s: nothing new in partition(s) %s for %.0f s (idle_timeout_s): this "
-                                 "rank's data ends", self.source, ", ".join(owned), now - idle_since)
+                    if self._wait_ends(now - idle_since):
                         return
                     if now - said >= WAIT_LOG_S:
                         log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.source,
@@ -134,6 +133,8 @@ class RedisStream(PartitionedStream):
                                 0.0 if away_since is None else now - away_since)
                     said = now
                 away_since = away_since or now
+                if self._wait_ends(0.0):  # asked to stop
+                    return
                 time.sleep(self.poll_s)
 
     def _entries(self, partition: str, entries):

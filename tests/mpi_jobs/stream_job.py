@@ -6,13 +6,18 @@
                                        [--idle S] [--access-threshold N]
 
 Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
-itself after the step that makes the global step STEP (a rank lost mid-run). Writes
+itself after the step that makes the global step STEP (a rank lost mid-run; under shardrec-run, in
+the first attempt only). --idle 0: the stream waits for data for ever (the job runs until it is
+stopped). --step-delay S: a pause after every step, for tests that act on a running job.
+--die-in-save STEP: rank 1 SIGKILLs itself inside its save of STEP, its arrays written and its
+manifest not (in the first attempt only). Writes
 DIR/T-rank<r>-of<N>.npz: the table's keys, values (and slots) and access counts, the final step,
 and the records this process trained.
 """
 import argparse
 import os
 import signal
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -21,7 +26,7 @@ import tensorflow as tf
 from mx_rec.optimizers import gradient_descent, lazy_adam
 from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, RedisStream, Saver, create_table,
                                    get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id, get_rank_size, init,
-                                   sparse_lookup, start_asc_pipeline)
+                                   report, sparse_lookup, start_asc_pipeline)
 
 FIELDS, DIM, BATCH = 3, 4, 8
 
@@ -29,6 +34,18 @@ FIELDS, DIM, BATCH = 3, 4, 8
 def parse(records):
     return tf.io.parse_example(records, {"ids": tf.io.FixedLenFeature([FIELDS], tf.int64),
                                          "y": tf.io.FixedLenFeature([], tf.float32)})
+
+
+def die_in_save(name):
+    from shardrec.rank_runtime.formats import sparse_checkpoint
+
+    fsync_tree = sparse_checkpoint._fsync_tree
+
+    def then_die(path):
+        fsync_tree(path)
+        if f"sparse-{name}." in path:
+            os.kill(os.getpid(), signal.SIGKILL)
+    sparse_checkpoint._fsync_tree = then_die
 
 
 def main():
@@ -41,6 +58,8 @@ def main():
     p.add_argument("--die-at", type=int)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazy_adam"])
     p.add_argument("--idle", type=float, default=3.0)
+    p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--die-in-save", type=int)
     p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
     args = p.parse_args()
 
@@ -48,11 +67,15 @@ def main():
     tf.compat.v1.set_random_seed(5)
     init()
     rank, size = get_rank_id(), get_rank_size()
+    idle = args.idle or None
+    first_attempt = os.environ.get("SHARDREC_ATTEMPT", "0") == "0"
+    if args.die_in_save is not None and rank == 1 and first_attempt:
+        die_in_save(f"model-{args.die_in_save}")
     if args.broker:
-        stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05,
+        stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05,
                              block_records=16)
     else:
-        stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=args.idle, poll_s=0.05)
+        stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05)
     spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
     dataset = stream.dataset().batch(BATCH).map(parse).map(get_asc_insert_func([spec], is_training=True))
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
@@ -86,7 +109,9 @@ def main():
             except tf.errors.OutOfRangeError:
                 break
             at += 1
-            if args.die_at == at and rank == 1:
+            report(step=at)
+            time.sleep(args.step_delay)
+            if args.die_at == at and rank == 1 and first_attempt:
                 os.kill(os.getpid(), signal.SIGKILL)
             if at % args.every == 0:
                 saver.save(sess, os.path.join(args.model, "model"), global_step=at)
