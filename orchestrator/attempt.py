@@ -67,6 +67,7 @@ class Attempt:
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
         self.stopping = None     # when the supervisor asked the ranks to save and stop for good (SIGTERM)
+        self.history = (0, 0)    # the job's restarts after failures and resizes before this attempt
         self.ended = None        # an AttemptEnd once it has
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
@@ -94,7 +95,7 @@ class Attempt:
             cmd += ["-H", self.spec.hosts]
         if not self.spec.hostfile and not self.spec.hosts and not self.placement:
             cmd.append("--oversubscribe")  # one host: as many ranks as asked, whatever its cores
-        forwarded = [beats.RUN_DIR_ENV, beats.ATTEMPT_ENV, beats.INTERVAL_ENV]
+        forwarded = [beats.RUN_DIR_ENV, beats.ATTEMPT_ENV, beats.INTERVAL_ENV, beats.RESTARTS_ENV, beats.RESIZES_ENV]
         if self.resume_from:
             forwarded.append(beats.RESUME_ENV)
         for name in forwarded + list(self.spec.forward_env):
@@ -107,6 +108,7 @@ class Attempt:
                                                          beats.INTERVAL_ENV: str(self.tick)})
         if self.resume_from:
             env[beats.RESUME_ENV] = self.resume_from
+        env[beats.RESTARTS_ENV], env[beats.RESIZES_ENV] = map(str, self.history)
         # MPI's waits yield their core to the rank's other threads (rank_runtime/process/host_defaults.py says
         # why), on every host: mpiexec passes OMPI_MCA_* variables to all ranks.
         env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")

@@ -129,6 +129,7 @@ class Supervisor:
                     attempt = Attempt(self.spec, number, resume, interrupt, placement,
                                       *((self._maybe_grow, self._listed_hosts) if self.watch else ()))
                     self.attempts.append(attempt)
+                    attempt.history = (failures, resizes)
                     outcome = attempt.run()
                     last, step = latest_checkpoint(self.spec.checkpoint_dir)
                     attempt.ended = AttemptEnd(outcome.ok, outcome.reason or ("resized" if attempt.stopped_for_resize()

@@ -27,6 +27,7 @@ _EXPORTS = {
     "get_if_load": ".process.config", "set_if_load": ".process.config",
     "terminate_config_initializer": ".process.lifecycle",
     "report": ".process.heartbeat", "resume_checkpoint": ".process.heartbeat",
+    "start_metrics_server": ".process.metrics",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,7 +14,7 @@ from shardrec.rank_runtime.process import lifecycle  # noqa: E402
 # The files that take longest (minutes of CPU each on 2 cores), longest first: make test's two
 # workers take a file at a time in collection order, so these go first and no long file is left
 # to run alone at the end.
-LONGEST_FIRST = ("test_elastic.py", "test_tiers.py", "test_incremental.py", "test_bench_smoke.py", "test_multi_host.py",
+LONGEST_FIRST = ("test_elastic.py", "test_stream.py", "test_tiers.py", "test_incremental.py", "test_bench_smoke.py", "test_multi_host.py",
                  "test_checkpoint.py", "test_supervisor.py", "test_exchange_faults.py", "test_admission.py",
                  "test_multi_rank.py", "test_serving.py", "test_setup.py", "test_demo.py")
 

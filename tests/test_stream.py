@@ -356,8 +356,9 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
            "--", sys.executable, os.path.join(JOBS, "stream_job.py"), *where, "--partitions", 4, "--out", out,
            "--tag", "end", "--model", model, "--every", 5, "--die-at", 7, "--idle", 0, "--step-delay", 0.3,
            "--access-threshold", 3]
-    proc = subprocess.Popen(list(map(str, cmd)), env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    port = free_port()
+    proc = subprocess.Popen(list(map(str, cmd)), env=run_env(SHARDREC_METRICS_PORT=str(port)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     with stopped_at_the_end(proc):
         wait_until(proc, lambda: beat_step(run, 0) >= 3)
         listing.write_text("localhost:1\n")
@@ -366,6 +367,9 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
         wait_until(proc, lambda: (run / "attempt-2" / "command.json").exists())
         more()
         wait_until(proc, lambda: _all_waiting(run, 2, 2))
+        figures = _scrape(port)  # rank 0 of attempt 2: one restart (the kill) and one resize (the grow) before
+        assert [figures[(f"shardrec_supervisor_{n}", (("rank", "0"),))] for n in ("restarts", "resizes", "attempt")] \
+            == [1, 1, 2], figures
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr[-5000:]
@@ -402,3 +406,94 @@ def test_a_job_killed_mid_save_resumes_from_the_save_before_and_trains_every_rec
     np.testing.assert_array_equal(counts, times)
     assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
     assert step == 18
+
+
+def _scrape(port):
+    """Every sample of the endpoint, by (name, labels), as prometheus_client's parser reads them."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_metrics_endpoint_of_every_rank_is_scraped_and_parsed_and_sigterm_to_the_ranks_saves(tmp_path):
+    """A 2-rank stream job with the endpoint on every rank (SHARDREC_METRICS_EVERY_RANK): scraped
+    over HTTP while it trains, each partition's trained and lagging records add up to what the
+    producer wrote; once the stream is drained, the figures equal the job's own (samples, rows,
+    admissions, the last save). SIGTERM sent to the ranks themselves: they save and exit 0."""
+    import psutil
+
+    stream, model = tmp_path / "stream", tmp_path / "model"
+    produce(stream, 4, 3, 24)
+    port = free_port()
+    while port + 1 > 65535 or not _port_free(port + 1):
+        port = free_port()
+    result = {}
+    env = {"SHARDREC_METRICS_PORT": str(port), "SHARDREC_METRICS_EVERY_RANK": "1", "SHARDREC_PROGRESS_S": "1"}
+    job = threading.Thread(target=lambda: result.update(proc=mpiexec(
+        2, "stream_job.py", "--stream", stream, "--partitions", 4, "--out", tmp_path, "--tag", "m", "--model", model,
+        "--every", 5, "--idle", 0, "--step-delay", 0.2, "--access-threshold", 3, env=env, timeout=240)))
+    job.start()
+    deadline, mid = time.monotonic() + 180, None
+    while mid is None:
+        assert job.is_alive() and time.monotonic() < deadline, result
+        try:
+            got = _scrape(port)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        if got.get(("shardrec_samples_total", (("rank", "0"),)), 0) >= 16:
+            mid = got
+    for p in ("0", "2"):  # rank 0's partitions, mid-run
+        key = (("partition", p), ("rank", "0"))
+        assert mid[("shardrec_stream_trained_records", key)] + mid[("shardrec_stream_lag_records", key)] == 72, mid
+        assert mid[("shardrec_stream_lag_seconds", key)] >= 0
+    drained = {}
+    while len(drained) < 2:  # every record trained: 144 samples a rank, saves at 5, 10 and 15
+        assert job.is_alive() and time.monotonic() < deadline, result
+        for rank in (0, 1):
+            got = _scrape(port + rank)
+            if got.get(("shardrec_samples_total", (("rank", str(rank)),))) == 144 and \
+                    got.get(("shardrec_last_save_step", (("kind", "full"), ("rank", str(rank))))) == 15:
+                drained[rank] = got
+        time.sleep(0.2)
+    ranks = [p for p in psutil.process_iter(["cmdline", "name"]) if p.info["name"].startswith("python") and
+             str(model) in " ".join(p.info["cmdline"] or [])]
+    assert len(ranks) == 2, ranks
+    for rank_process in ranks:
+        rank_process.terminate()
+    job.join(120)
+    proc = check(result["proc"])
+    assert "progress: " in proc.stderr and "lag partition 0 " in proc.stderr, proc.stderr[-3000:]
+    for rank in (0, 1):
+        got, final = drained[rank], np.load(tmp_path / f"m-rank{rank}-of2.npz")
+        r = (("rank", str(rank)),)
+        assert int(final["step"]) == 18 and int(final["records"]) == 144
+        for p in range(rank, 4, 2):
+            key = (("partition", str(p)),) + r
+            assert (got[("shardrec_stream_trained_records", key)], got[("shardrec_stream_lag_records", key)],
+                    got[("shardrec_stream_lag_seconds", key)]) == (72, 0, 0)
+        rows = got[("shardrec_table_rows", r[:0] + r + (("table", "emb"),))]
+        assert rows == len(final["keys"]) == got[("shardrec_admitted_total", r + (("table", "emb"),))]
+        assert got[("shardrec_evicted_total", r + (("table", "emb"),))] == 0
+        assert got[("shardrec_last_save_bytes", (("kind", "full"),) + r)] > 0
+        assert got[("shardrec_supervisor_restarts", r)] == 0 == got[("shardrec_supervisor_resizes", r)]
+    keys, counts, positions, step = _counted(model)
+    assert step == 18  # the save at SIGTERM
+    assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
+
+
+def _port_free(port):
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

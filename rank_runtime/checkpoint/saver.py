@@ -49,7 +49,7 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training import saver as saver_lib
 from tensorflow.python.training import training_util
 
-from ..process import config
+from ..process import config, metrics
 from ..admission.steps import follow_global_step, step_of_save
 from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
 from ..process.logs import get_logger
@@ -167,6 +167,8 @@ class Saver(_TFSaver):
             # leaves nothing that a delta could build on.
             chain, self._chain = self._chain, None
         shard = attempt(lambda: self._save_tables(sess, path, step, shared, plan))
+        if shard.value is not None:
+            metrics.saved(step or 0, plan.kind.kind if plan else FULL, shard.value)
         # One rank per directory puts a save in place, and writes its dense part: rank 0 when every
         # rank saves under the same path.
         writes_dense = not shared or cfg.rank == 0

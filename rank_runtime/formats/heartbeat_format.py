@@ -12,6 +12,10 @@ RUN_DIR_ENV = "SHARDREC_RUN_DIR"
 ATTEMPT_ENV = "SHARDREC_ATTEMPT"
 RESUME_ENV = "SHARDREC_RESUME_FROM"
 INTERVAL_ENV = "SHARDREC_HEARTBEAT_INTERVAL_S"
+# How many times the supervisor restarted the job after a failure, and resized it, before this
+# attempt (the metrics endpoint shows them).
+RESTARTS_ENV = "SHARDREC_RESTARTS"
+RESIZES_ENV = "SHARDREC_RESIZES"
 MARK = "SHARDREC-HEARTBEAT "
 # A rank writes every thread's Python stack to its standard error and goes on (init() registers it;
 # the supervisor and the tests' helpers send it to a rank before they kill it as hung).

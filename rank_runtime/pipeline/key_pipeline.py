@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from ..process import config, heartbeat, resize
+from ..process import config, heartbeat, metrics, resize
 from ..formats.channel import Channel
 from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
@@ -61,6 +61,7 @@ class _BatchKeyProcessor:
         self.batches = 0
         self._features = None
         self._evicting = []
+        self._tables = []
 
     def _feature_set(self, cfg, graph):
         if self._features is None:
@@ -76,6 +77,7 @@ class _BatchKeyProcessor:
             if self.timestamp is not None:
                 lines.append(f"timestamps '{self.timestamp.name}'")
             self._evicting = [t for t in tables if t.thresholds is not None and t.thresholds.evicts]
+            self._tables = list({t.table_name: t for t in tables}.values())
             if heartbeat.active():
                 heartbeat.watch_tables({t.table_name: t for t in tables})
             self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
@@ -118,8 +120,10 @@ class _BatchKeyProcessor:
         else:
             self.batches += 1
             heartbeat.batches_exchanged(self.channel, self.batches)
-            if self.channel == Channel.TRAIN and STATE.stream is not None:
-                STATE.stream.cursor.batch_exchanged(len(key_arrays[0]))
+            if self.channel == Channel.TRAIN:
+                if STATE.stream is not None:
+                    STATE.stream.cursor.batch_exchanged(len(key_arrays[0]))
+                metrics.batch_trained(len(key_arrays[0]), self._tables)
         # The native routing's fields, by the names the dataset element files them under (routing.py).
         return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
 

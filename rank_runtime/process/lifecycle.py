@@ -5,7 +5,7 @@ Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 import atexit
 import os
 
-from . import config, heartbeat, resize, tf_patches
+from . import config, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
 from .logs import get_logger, warn_once
 from .state import STATE
@@ -132,6 +132,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
         resize.install()  # before the first beat: the supervisor signals only ranks that beat
     heartbeat.start(rank, size)
+    metrics.start_from_environment()
     log.info("initialised: %d rank(s), %s shapes%s", size, "dynamic" if use_dynamic else "static",
              f", a full checkpoint every {incremental.full_every_s} s and a delta every {incremental.delta_every_s} s"
              if incremental else "")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..serving.export import ServingExport
     from ..stream.partitioned import PartitionedStream
     from .config import RuntimeConfig
+    from .metrics import SaveFigures
     from .world import World
 
 
@@ -48,6 +49,21 @@ class ResizeState:
 
 
 @dataclass
+class MetricsState:
+    """metrics.py's: samples trained, the tables' figures as last read (name -> rows, admitted,
+    evicted), the last save (a metrics.SaveFigures); the endpoint's (server, thread, port)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    samples: int = 0
+    rate: float = 0.0  # samples/s over the last refresh interval
+    rate_from: tuple = (0.0, 0)  # (monotonic time, samples) the rate is measured from
+    tables: Dict[str, dict] = field(default_factory=dict)
+    last_save: "Optional[SaveFigures]" = None
+    server: Optional[tuple] = None
+    progress_at: float = 0.0
+    progress_tables: Dict[str, dict] = field(default_factory=dict)  # as at the last progress line
+
+
+@dataclass
 class ProcessState:
     # config.py / lifecycle.py: the RuntimeConfig of the running init(), None before and after.
     config: "Optional[RuntimeConfig]" = None
@@ -73,6 +89,7 @@ class ProcessState:
     # stream/: the stream this process trains from (its dataset() sets it); the key
     # pipeline reports its training batches to it, the Saver saves and restores its positions.
     stream: "Optional[PartitionedStream]" = None
+    metrics: MetricsState = field(default_factory=MetricsState)
 
 
 STATE = ProcessState()

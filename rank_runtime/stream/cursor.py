@@ -83,6 +83,11 @@ class StreamCursor:
             while len(self._history) > HISTORY:
                 self._history.popitem(last=False)
 
+    def latest(self) -> Dict[str, PartitionPosition]:
+        """The positions after the last batch exchanged."""
+        with self._lock:
+            return dict(self._positions)
+
     def positions_at(self, step: int) -> StreamPositions:
         """The positions after the batches of global steps start..step-1."""
         with self._lock:

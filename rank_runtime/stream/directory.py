@@ -22,7 +22,7 @@ import tensorflow as tf
 from ..formats.stream_positions import PartitionPosition
 from ..process.logs import get_logger
 from ..validation import check_number
-from .partitioned import WAIT_LOG_S, PartitionedStream
+from .partitioned import WAIT_LOG_S, PartitionedStream, PartitionLag
 from .tfrecord_files import StreamFileError, count_records
 
 log = get_logger("shardrec.stream")
@@ -37,6 +37,33 @@ class DirectoryStream(PartitionedStream):
         self.root = os.path.abspath(os.fspath(root))
         super().__init__(owner, repr(self.root), partitions, idle_timeout_s)
         self.poll_s = poll_s
+        self._counts = {}  # (partition, file name) -> (bytes, records): a complete file never changes
+
+    def _count(self, partition: str, name: str) -> int:
+        path = os.path.join(self.root, partition, name)
+        size = os.path.getsize(path)
+        known = self._counts.get((partition, name))
+        if known is None or known[0] != size:
+            known = (size, count_records(path, partition))
+            self._counts[partition, name] = known
+        return known[1]
+
+    def lag(self):
+        out = {}
+        for partition, at in self.cursor.latest().items():
+            folder = os.path.join(self.root, partition)
+            names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+            counts = {n: self._count(partition, n) for n in names}
+            trained = sum(c for n, c in counts.items() if at.file is not None and n < at.file) + at.offset
+            behind = sum(c for n, c in counts.items() if at.file is None or n > at.file) + \
+                max(0, counts.get(at.file, at.offset) - at.offset)
+            seconds = 0.0
+            if behind:
+                times = {n: os.path.getmtime(os.path.join(folder, n)) for n in names}
+                current = times.get(at.file, min(times.values()))
+                seconds = max(0.0, max(times.values()) - current)
+            out[partition] = PartitionLag(trained, behind, seconds)
+        return out
 
     def _prepare(self) -> None:
         for name in self.names:
@@ -60,7 +87,7 @@ class DirectoryStream(PartitionedStream):
             # never stopped went on with the next partition.
             at = cursor.initial[resume]
             path = os.path.join(self.root, resume, at.file or "")
-            ended = at.file is not None and (not os.path.exists(path) or count_records(path, resume) <= at.offset)
+            ended = at.file is not None and (not os.path.exists(path) or self._count(resume, at.file) <= at.offset)
             turn = (owned.index(resume) + ended) % len(owned)
         idle_since, said = time.monotonic(), time.monotonic()
         while True:
@@ -94,7 +121,7 @@ class DirectoryStream(PartitionedStream):
         names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
         if not whole and at.file is not None and at.offset > 0:
             if at.file in names:
-                count = count_records(os.path.join(folder, at.file), partition)
+                count = self._count(partition, at.file)
                 if at.offset < count:
                     return at.file, at.offset, count
                 if at.offset > count:
@@ -108,7 +135,7 @@ class DirectoryStream(PartitionedStream):
         for name in names:
             if at.file is not None and (name < at.file or (name == at.file and done)):
                 continue
-            count = count_records(os.path.join(folder, name), partition)
+            count = self._count(partition, name)
             if count:
                 return name, 0, count
         return None

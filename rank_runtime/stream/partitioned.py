@@ -5,6 +5,7 @@ restore of a checkpoint's positions into the same ranks or other ones.
 A source defines _prepare() (checks made when the dataset is built, on every rank) and
 _read(cursor, resume) (a generator of what tf.data reads, logging every slice it hands out to the
 cursor), and the dataset of its records (_records)."""
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import tensorflow as tf
@@ -20,6 +21,15 @@ from .cursor import StreamCursor
 
 WAIT_LOG_S = 30.0  # a waiting reader says so this often
 log = get_logger("shardrec.stream")
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """Where training stands in a partition: records it took, records not taken yet, and the
+    seconds between the newest record and the last one taken (0 when none is left)."""
+    trained: int
+    records: int
+    seconds: float
 
 
 class PartitionedStream:
@@ -97,6 +107,10 @@ class PartitionedStream:
         tf.data looked up ahead (admission/steps.py), as the stream's positions leave their records
         unread."""
         get_world().exchanges[Channel.TRAIN].set_step(step)
+
+    def lag(self) -> Dict[str, PartitionLag]:
+        """Every partition of this rank, as of the last training batch (metrics.py asks)."""
+        raise NotImplementedError
 
     def _prepare(self) -> None:
         raise NotImplementedError

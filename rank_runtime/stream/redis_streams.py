@@ -30,11 +30,17 @@ import tensorflow as tf
 from ..formats.stream_positions import PartitionPosition
 from ..process.logs import get_logger
 from ..validation import check_int, check_number
-from .partitioned import WAIT_LOG_S, PartitionedStream
+from .partitioned import WAIT_LOG_S, PartitionedStream, PartitionLag
 from .tfrecord_files import StreamFileError
 
 log = get_logger("shardrec.stream")
 START = "0-0"  # before every entry id
+
+
+def _millis(entry_id) -> int:
+    """The time part of a Redis entry id (milliseconds-sequence)."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return int(text.split("-")[0])
 
 
 class StreamBrokerError(ConnectionError):
@@ -136,6 +142,25 @@ class RedisStream(PartitionedStream):
                 if self._wait_ends(0.0):  # asked to stop
                     return
                 time.sleep(self.poll_s)
+
+    def lag(self):
+        import redis
+
+        out = {}
+        for partition, at in self.cursor.latest().items():
+            try:
+                info = self.client.xinfo_stream(self.key(partition))
+            except redis.exceptions.ResponseError:  # no such stream yet
+                out[partition] = PartitionLag(at.offset, 0, 0.0)
+                continue
+            behind = max(0, int(info["entries-added"]) - at.offset)
+            seconds = 0.0
+            if behind:
+                first = info.get("first-entry")
+                since = at.file or (first[0] if first else info["last-generated-id"])
+                seconds = max(0.0, (_millis(info["last-generated-id"]) - _millis(since)) / 1000)
+            out[partition] = PartitionLag(at.offset, behind, seconds)
+        return out
 
     def _entries(self, partition: str, entries):
         ids, records = [], []

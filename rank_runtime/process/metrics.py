@@ -1,0 +1,209 @@
+"""Live figures of a rank for operators: a Prometheus endpoint (prometheus_client, off by default)
+and progress lines in the log, from the same snapshot.
+
+    SHARDREC_METRICS_PORT=9400                 the endpoint on rank 0, http://ADDR:9400/metrics
+    SHARDREC_METRICS_EVERY_RANK=1              on every rank, each on PORT + its local rank
+    SHARDREC_METRICS_ADDR=0.0.0.0              where it listens (default 127.0.0.1: this host only)
+    SHARDREC_PROGRESS_S=30                     seconds between progress lines of a stream job (0: none)
+
+The training step pays a few native counter reads per batch (batch_trained, on the key
+pipeline's thread, which alone grows the tables); a stream's lag (partitions, the broker) is read
+when a scrape or a progress line asks for it. Each rank serves its own figures (its partitions, its shards of the
+tables); the supervisor's restarts and resizes reach every rank in its environment.
+"""
+import dataclasses
+import os
+import threading
+import time
+from typing import Dict, Optional
+
+from ..formats.heartbeat_format import ATTEMPT_ENV, RESIZES_ENV, RESTARTS_ENV
+from .logs import get_logger
+from .state import STATE
+
+log = get_logger("shardrec.metrics")
+PORT_ENV, EVERY_RANK_ENV, ADDR_ENV, PROGRESS_ENV = ("SHARDREC_METRICS_PORT", "SHARDREC_METRICS_EVERY_RANK",
+                                                    "SHARDREC_METRICS_ADDR", "SHARDREC_PROGRESS_S")
+REFRESH_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveFigures:
+    step: int
+    kind: str  # "full" or "delta"
+    bytes: int
+    at: float  # time.time() when it was committed
+
+
+def batch_trained(samples: int, tables) -> None:
+    """The key pipeline exchanged a training batch of `samples` (on its thread, which alone grows
+    the tables: their figures are read here, a few native counters, so that a scrape after the
+    last batch sees that batch's)."""
+    state = STATE.metrics
+    figures = {}
+    for table in tables:
+        counters = table.index.counters()
+        figures[table.table_name] = {"rows": table.size(), "admitted": counters.admitted,
+                                     "evicted": counters.evicted}
+    now = time.monotonic()
+    with state.lock:
+        state.samples += samples
+        state.tables = figures
+        since, before = state.rate_from
+        if now - since < REFRESH_S:
+            return
+        state.rate = (state.samples - before) / (now - since) if since else 0.0
+        state.rate_from = (now, state.samples)
+    interval = _progress_interval()
+    if STATE.stream is not None and interval and now - state.progress_at >= interval:
+        if state.progress_at:
+            log.info("progress: %s", progress_line())
+        state.progress_at = now
+        state.progress_tables = figures
+
+
+def saved(step: int, kind: str, shard_dir: str) -> None:
+    """A save committed this rank's shard (its files under shard_dir)."""
+    size = 0
+    for folder, _, files in os.walk(shard_dir):
+        for name in files:
+            try:
+                size += os.path.getsize(os.path.join(folder, name))
+            except OSError:
+                pass
+    STATE.metrics.last_save = SaveFigures(step, kind, size, time.time())
+
+
+def _progress_interval() -> float:
+    text = os.environ.get(PROGRESS_ENV, "30")
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        return 30.0
+
+
+def _lag():
+    stream = STATE.stream
+    if stream is None or stream.cursor is None:
+        return {}
+    try:
+        return stream.lag()
+    except Exception as e:  # noqa: BLE001 - a broker away: the figures say so, the step goes on
+        log.warning("stream lag unknown (%s)", e)
+        return {}
+
+
+def progress_line() -> str:
+    """samples/s, the stream's lag, the last save, rows and admissions/evictions since the last line."""
+    state = STATE.metrics
+    with state.lock:
+        rate, samples, tables, save = state.rate, state.samples, dict(state.tables), state.last_save
+    parts = [f"{rate:.0f} samples/s, {samples} samples"]
+    lag = _lag()
+    if lag:
+        parts.append("lag " + ", ".join(f"partition {p} {v.records} records {v.seconds:.1f} s"
+                                        for p, v in sorted(lag.items())))
+    if save is not None:
+        parts.append(f"last save step {save.step} ({save.kind}, {save.bytes / 2**20:.1f} MiB, "
+                     f"{time.time() - save.at:.0f} s ago)")
+    for name, t in sorted(tables.items()):
+        before = state.progress_tables.get(name, {"admitted": 0, "evicted": 0})
+        parts.append(f"table {name}: {t['rows']} rows, +{t['admitted'] - before['admitted']} admitted, "
+                     f"+{t['evicted'] - before['evicted']} evicted")
+    return "; ".join(parts)
+
+
+class _Collector:
+    """Reads the figures when Prometheus scrapes (prometheus_client's custom collector)."""
+
+    def __init__(self, rank: int):
+        self.rank = str(rank)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        state, rank = STATE.metrics, self.rank
+        with state.lock:
+            rate, samples, tables, save = state.rate, state.samples, dict(state.tables), state.last_save
+
+        def family(kind, name, doc, labels=()):
+            return kind(name, doc, labels=["rank", *labels])
+
+        out = family(CounterMetricFamily, "shardrec_samples", "samples this rank trained")
+        out.add_metric([rank], samples)
+        yield out
+        out = family(GaugeMetricFamily, "shardrec_samples_per_second", "samples/s over the last second or more")
+        out.add_metric([rank], rate)
+        yield out
+        lag = _lag()
+        gauges = {what: family(GaugeMetricFamily, f"shardrec_stream_{what}", doc, ["partition"]) for what, doc in (
+            ("lag_records", "records of the partition not trained yet"),
+            ("lag_seconds", "seconds between the newest record of the partition and the last one trained"),
+            ("trained_records", "records of the partition that training took"))}
+        for partition, v in sorted(lag.items()):
+            gauges["lag_records"].add_metric([rank, partition], v.records)
+            gauges["lag_seconds"].add_metric([rank, partition], v.seconds)
+            gauges["trained_records"].add_metric([rank, partition], v.trained)
+        yield from gauges.values()
+        if save is not None:
+            for name, value, doc in (("step", save.step, "global step of the last save"),
+                                     ("bytes", save.bytes, "bytes of this rank's shard of the last save"),
+                                     ("age_seconds", time.time() - save.at, "seconds since the last save")):
+                out = family(GaugeMetricFamily, f"shardrec_last_save_{name}", doc, ["kind"])
+                out.add_metric([rank, save.kind], value)
+                yield out
+        rows = family(GaugeMetricFamily, "shardrec_table_rows", "keys this rank's shard of the table holds",
+                      ["table"])
+        admitted = family(CounterMetricFamily, "shardrec_admitted", "keys admitted (given a row)", ["table"])
+        evicted = family(CounterMetricFamily, "shardrec_evicted", "keys evicted", ["table"])
+        for name, t in sorted(tables.items()):
+            rows.add_metric([rank, name], t["rows"])
+            admitted.add_metric([rank, name], t["admitted"])
+            evicted.add_metric([rank, name], t["evicted"])
+        yield from (rows, admitted, evicted)
+        for name, env, doc in (("restarts", RESTARTS_ENV, "restarts after a failure, by the supervisor"),
+                               ("resizes", RESIZES_ENV, "resizes of an elastic job, by the supervisor"),
+                               ("attempt", ATTEMPT_ENV, "the supervisor's attempt this process belongs to")):
+            out = family(GaugeMetricFamily, f"shardrec_supervisor_{name}", doc)
+            out.add_metric([rank], float(os.environ.get(env, "0") or 0))
+            yield out
+
+
+def start_metrics_server(port: int, every_rank: bool = False, addr: str = "127.0.0.1") -> Optional[int]:
+    """Serves this rank's figures at http://addr:port/metrics: on rank 0 only, or with every_rank on
+    each rank at port + its local rank. Returns the port this rank serves on (None: not this rank)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from ..validation import check_int
+    from .world import get_world
+
+    check_int("start_metrics_server", "port", port, 1, 65535)
+    world = get_world()
+    if STATE.metrics.server is not None:
+        return STATE.metrics.server[2]
+    if not every_rank and world.rank != 0:
+        return None
+    mine = port + (world.local_rank if every_rank else 0)
+    registry = CollectorRegistry()
+    registry.register(_Collector(world.rank))
+    try:
+        server, thread = start_http_server(mine, addr=addr, registry=registry)
+    except OSError as e:
+        raise OSError(f"the metrics endpoint cannot listen on {addr}:{mine} ({e}); give another port "
+                      f"({PORT_ENV}) or stop what uses it") from None
+    STATE.metrics.server = (server, thread, mine)
+    log.info("metrics at http://%s:%d/metrics", addr, mine)
+    return mine
+
+
+def start_from_environment() -> None:
+    """init(): the endpoint if SHARDREC_METRICS_PORT asks for it."""
+    text = os.environ.get(PORT_ENV)
+    if not text:
+        return
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"{PORT_ENV}={text!r} is not allowed; allowed: a port number 1-65535") from None
+    start_metrics_server(port, every_rank=os.environ.get(EVERY_RANK_ENV) == "1",
+                         addr=os.environ.get(ADDR_ENV, "127.0.0.1"))
