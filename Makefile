@@ -6,13 +6,18 @@ export PYTHONUNBUFFERED := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test test-quick test-image bench bench-short
+.PHONY: setup demo stream-demo test test-quick test-image bench bench-short
 setup:
 	@bash scripts/bootstrap.sh
 
 RANKS ?= 2
 demo: setup
 	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
+
+# Online training: a Redis server, a producer of click events and the job on 2 ranks, for a minute
+# (examples/stream_wide_deep.py; ARGS="--source directory" for a directory stream).
+stream-demo: setup
+	$(PY) examples/stream_wide_deep.py demo $(ARGS)
 
 # Two workers, each taking a whole test file at a time (its module fixtures are built once): the
 # suite waits on process start-ups and timeouts a third of its time, which the other worker fills.

@@ -19,8 +19,9 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, folder: str, port: Optional[int] = None):
-        self.folder, self.port = os.path.abspath(folder), port or free_port()
+    def __init__(self, folder: str, port: Optional[int] = None, fsync: str = "always"):
+        """fsync: Redis' appendfsync, "always" (an acknowledged entry survives a kill) or "everysec"."""
+        self.folder, self.port, self.fsync = os.path.abspath(folder), port or free_port(), fsync
         self.process: Optional[subprocess.Popen] = None
 
     @property
@@ -34,7 +35,7 @@ class RedisServer:
         os.makedirs(self.folder, exist_ok=True)
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.folder, "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--protected-mode", "yes",
+             "--appendonly", "yes", "--appendfsync", self.fsync, "--daemonize", "no", "--protected-mode", "yes",
              "--logfile", os.path.join(self.folder, "redis.log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

@@ -85,3 +85,22 @@ def test_with_a_global_batch_every_number_of_ranks_reads_the_same_samples_at_eac
             np.testing.assert_array_equal(split.reshape(whole.shape), whole, err_msg=name)
     later = wide_deep.train_samples(args, 0, 1, 60)
     np.testing.assert_array_equal(later["label"], wide_deep.train_samples(args, 0, 1, 0)["label"][60 * 8:])
+
+
+def test_the_stream_demo_trains_every_event_the_producer_wrote_once(tmp_path):
+    """`make stream-demo`, shortened: a Redis server, the producer for 12 s (drifting every 4 s),
+    the job on 2 ranks under shardrec-run printing its lag; at the end the final checkpoint's stream
+    positions hold exactly the events produced, and ids of the first drift were evicted by event
+    time."""
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "stream_wide_deep.py"), "demo", "--seconds", "12",
+           "--rate", "800", "--drift-s", "4", "--evict-after", "5", "--evict-every", "4", "--idle", "6", "--incremental", "30,3",
+           "--work", str(tmp_path / "demo")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, SHARDREC_PROGRESS_S="2"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = re.search(r"STREAM-DEMO produced=(\d+) trained=(\d+) exit=0 checkpoints_kept=(\d+)", proc.stdout)
+    assert found and found[1] == found[2] and int(found[1]) >= 4000, proc.stdout[-3000:]
+    assert re.search(r"progress: \d+ samples/s, .*lag partition 0: \d+ records", proc.stdout), proc.stdout[-3000:]
+    assert re.search(r"\(a delta on model\.ckpt-\d+\)", proc.stdout), proc.stdout[-3000:]
+    evicted = [int(n) for n in re.findall(r"evicted (\d+)", proc.stdout)]
+    assert evicted and max(evicted) > 0, proc.stdout[-3000:]

@@ -469,7 +469,7 @@ def test_the_metrics_endpoint_of_every_rank_is_scraped_and_parsed_and_sigterm_to
         rank_process.terminate()
     job.join(120)
     proc = check(result["proc"])
-    assert "progress: " in proc.stderr and "lag partition 0 " in proc.stderr, proc.stderr[-3000:]
+    assert "progress: " in proc.stderr and "lag partition 0: " in proc.stderr, proc.stderr[-3000:]
     for rank in (0, 1):
         got, final = drained[rank], np.load(tmp_path / f"m-rank{rank}-of2.npz")
         r = (("rank", str(rank)),)

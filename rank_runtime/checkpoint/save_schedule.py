@@ -10,6 +10,12 @@ the first save the next step is the first one seen. MonitoredTrainingSession's a
 CheckpointSaverHook follow the plan (AgreedSaveTimer replaces their timer); a plain Session loop
 calls Saver.maybe_save after each step.
 
+The step estimate assumes a steady pace, which a stream does not keep (a backlog trains fast,
+then the job waits on the producer): so rank 0's clock also asks for a save in the key exchange's
+status round once save_delta_checkpoints_secs have passed since the last save or request
+(request_due_save), and every rank saves when training reaches that round's batch, whichever
+comes first.
+
 A full save is due once save_checkpoint_due_time seconds have passed since the last full one; a
 save is also full when the job has none to build on: the first save of a Saver, the first after a
 restore, and the first after a save that failed on any rank.
@@ -20,7 +26,9 @@ from dataclasses import dataclass
 
 from ..process import config
 from .rank_agreement import AGREE_TIMEOUT_S
+from ..formats.channel import Channel
 from ..formats.manifest import DELTA, FULL, SaveKind, SaveRef
+from ..process.state import STATE
 from ..process.world import get_world
 
 
@@ -89,6 +97,31 @@ def old_links(kinds: list, keep) -> int:
     return gone
 
 
+def request_due_save(exchange) -> None:
+    """After each training batch: rank 0 of an incremental job asks for a save once
+    save_delta_checkpoints_secs passed since the last save (or request, or the first batch)."""
+    cfg = config.get_config()
+    if cfg.incremental is None or cfg.rank != 0:
+        return
+    now, timer = time.monotonic(), STATE.save_timer
+    if timer.since is None:
+        timer.since = now
+    elif now - max(timer.since, timer.saved_at) >= cfg.incremental.delta_every_s:
+        exchange.request_save()
+        timer.since = now
+
+
+def saved_now() -> None:
+    STATE.save_timer.saved_at = time.monotonic()
+
+
+def asked_save_due(step: int, last_saved_step) -> bool:
+    """Whether the status round asked for a save that training reached at `step` and that no save
+    since took."""
+    asked = get_world().exchanges[Channel.TRAIN].save_request_step
+    return asked >= 0 and step >= asked and (last_saved_step is None or asked > last_saved_step)
+
+
 class AgreedSaveTimer:
     """CheckpointSaverHook's timer in an incremental job: it triggers at the step the last save's
     plan named (SavePlan.next_step), which every rank knows, instead of at a time of its own."""
@@ -104,7 +137,7 @@ class AgreedSaveTimer:
         if step == self._last:
             return False
         wanted = self._next_step()
-        return wanted is None or step >= wanted
+        return wanted is None or step >= wanted or asked_save_due(step, self._last)
 
     def update_last_triggered_step(self, step):
         self._last = step

@@ -54,7 +54,7 @@ from ..admission.steps import follow_global_step, step_of_save
 from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
 from ..process.logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
-from .save_schedule import Chain, old_links, plan_save
+from .save_schedule import Chain, asked_save_due, old_links, plan_save, saved_now
 from .stream_restore import restore_stream
 from ..process.state import STATE
 from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_shards, publish, read_manifest,
@@ -189,6 +189,7 @@ class Saver(_TFSaver):
         self._forget_old(dense.value, kind, writes_dense)
         if plan is not None:
             self._chain = self._chain_after(plan, chain, dense.value, step or 0)
+            saved_now()
         if shared:
             # Also the barrier after rank 0 listed the checkpoint: every rank returns once it is
             # listed, so that what follows (an evaluation of the latest checkpoint, say) sees it.
@@ -213,7 +214,8 @@ class Saver(_TFSaver):
         if config.get_config().incremental is None:
             raise ValueError("Saver.maybe_save needs init(is_incremental_checkpoint=True, save_checkpoint_due_time=..., "
                              "save_delta_checkpoints_secs=...); without them call save() when you want a checkpoint")
-        if self.next_save_step is not None and step < self.next_save_step:
+        if self.next_save_step is not None and step < self.next_save_step and \
+                not asked_save_due(step, self._chain.step if self._chain else None):
             return None
         return self.save(sess, save_path, global_step=step)
 

@@ -41,6 +41,7 @@ from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
 from ..process.state import STATE
 from .routing import FeatureRouting
+from ..checkpoint.save_schedule import request_due_save
 from ..embedding.tiers import check_datasets
 from ..validation import check_bool, check_type
 from ..process.world import get_world
@@ -124,6 +125,7 @@ class _BatchKeyProcessor:
                 if STATE.stream is not None:
                     STATE.stream.cursor.batch_exchanged(len(key_arrays[0]))
                 metrics.batch_trained(len(key_arrays[0]), self._tables)
+                request_due_save(exchange)
         # The native routing's fields, by the names the dataset element files them under (routing.py).
         return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
 

@@ -8,7 +8,7 @@ import os
 from . import config, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
 from .logs import get_logger, warn_once
-from .state import STATE
+from .state import STATE, SaveTimerState
 from ..validation import INT32_MAX, check_bool, check_int
 from .world import get_world
 
@@ -154,3 +154,4 @@ def terminate_config_initializer() -> None:
     log.info("terminated")
     STATE.config = None
     STATE.stream = None
+    STATE.save_timer = SaveTimerState()

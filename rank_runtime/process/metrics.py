@@ -101,7 +101,7 @@ def progress_line() -> str:
     parts = [f"{rate:.0f} samples/s, {samples} samples"]
     lag = _lag()
     if lag:
-        parts.append("lag " + ", ".join(f"partition {p} {v.records} records {v.seconds:.1f} s"
+        parts.append("lag " + ", ".join(f"partition {p}: {v.records} records, {v.seconds:.1f} s behind"
                                         for p, v in sorted(lag.items())))
     if save is not None:
         parts.append(f"last save step {save.step} ({save.kind}, {save.bytes / 2**20:.1f} MiB, "

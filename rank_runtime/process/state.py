@@ -64,6 +64,13 @@ class MetricsState:
 
 
 @dataclass
+class SaveTimerState:
+    """save_schedule.py's: rank 0's clock for save requests (time.monotonic())."""
+    since: Optional[float] = None  # the last request, or the first training batch
+    saved_at: float = 0.0  # the last save committed
+
+
+@dataclass
 class ProcessState:
     # config.py / lifecycle.py: the RuntimeConfig of the running init(), None before and after.
     config: "Optional[RuntimeConfig]" = None
@@ -90,6 +97,7 @@ class ProcessState:
     # pipeline reports its training batches to it, the Saver saves and restores its positions.
     stream: "Optional[PartitionedStream]" = None
     metrics: MetricsState = field(default_factory=MetricsState)
+    save_timer: SaveTimerState = field(default_factory=SaveTimerState)
 
 
 STATE = ProcessState()

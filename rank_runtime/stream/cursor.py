@@ -27,14 +27,15 @@ class _Slice:
     # A broker's slice (redis_streams.py): the entry ids of its records, and the partition's count
     # of records before it. Its position after k of them is (ids[k - 1], base + k): the last
     # entry trained, and how many the partition has trained in all.
-    ids: Optional[Sequence[str]] = None
+    ids: Optional[Sequence[bytes]] = None
     base: int = 0
     taken: int = 0
 
     def position(self) -> PartitionPosition:
         if self.ids is None:
             return PartitionPosition(self.file, self.first)
-        return PartitionPosition(self.ids[self.taken - 1], self.base + self.taken)
+        last = self.ids[self.taken - 1]
+        return PartitionPosition(last.decode() if isinstance(last, bytes) else last, self.base + self.taken)
 
 
 class StreamCursor:
@@ -53,10 +54,10 @@ class StreamCursor:
         with self._lock:
             self._handed.append(_Slice(partition, file, first, records))
 
-    def handed_entries(self, partition: str, ids: Sequence[str], base: int) -> None:
-        """A broker's entries, `base` records of the partition before them."""
+    def handed_entries(self, partition: str, ids: Sequence[bytes], base: int) -> None:
+        """A broker's entries (their ids), `base` records of the partition before them."""
         with self._lock:
-            self._handed.append(_Slice(partition, ids[0], 0, len(ids), list(ids), base))
+            self._handed.append(_Slice(partition, "", 0, len(ids), ids, base))
 
     def batch_exchanged(self, samples: int) -> None:
         with self._lock:

@@ -131,6 +131,9 @@ void bind_key_exchange(py::module_& m) {
       .def("set_step", &KeyExchange::set_step, py::arg("step"),
            "The training step the next batch follows: the global step a session starts or resumes at.")
       .def_property_readonly("step", &KeyExchange::step, "Training steps whose batches were exchanged.")
+      .def("request_save", &KeyExchange::request_save, "The next round asks every rank to save (save_schedule.py).")
+      .def_property_readonly("save_request_step", &KeyExchange::save_request_step,
+                             "The global step whose save the last such round asked for (-1: none).")
       .def_property_readonly("step_follows_training", &KeyExchange::step_follows_training,
                              "Whether set_step numbered the steps from a global step.")
       .def("request_eviction", &KeyExchange::request_eviction, "The next round evicts on every rank.")

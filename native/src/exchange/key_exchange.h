@@ -82,6 +82,7 @@ struct RankStatus {
   int64_t overflow_feature = -1, overflow_count = 0, overflow_owner = 0;
   int64_t bad_feature = -1, bad_key = 0;  // an id outside its table's int32 key dtype
   int64_t evict_asked = 0;  // this rank's EvictHook asks for an eviction now
+  int64_t save_asked = 0;   // this rank's save timer asks for a checkpoint (save_schedule.py)
   int64_t newest_ts = -1;   // the newest timestamp of this rank's batch (-1: none)
   // -1, or 0: a negative timestamp (bad_ts_value), 1: bad_ts_value samples for ids that do not fit.
   int64_t bad_ts = -1, bad_ts_value = 0;
@@ -146,6 +147,11 @@ class KeyExchange {
   int64_t step() const { return step_; }
   // EvictHook's time interval: the next status round asks every rank to evict.
   void request_eviction() { evict_asked_.store(true); }
+  // An incremental job's save timer (rank 0's clock): the next round asks every rank to save once
+  // the training step reaches that round's batch, the same step on every rank.
+  void request_save() { save_asked_.store(true); }
+  // The global step whose save the last such round asked for (-1: none yet).
+  int64_t save_request_step() const { return save_request_step_.load(); }
 
   // The ranks whose data ended, after run() returned false.
   const std::vector<int>& ranks_out_of_data() const { return ranks_out_of_data_; }
@@ -193,6 +199,8 @@ class KeyExchange {
     }
     throw_if_refused(fs, all);
     if (allocate_) evict_and_observe(fs, all);
+    if (allocate_ && std::any_of(all.begin(), all.end(), [](const RankStatus& s) { return s.save_asked != 0; }))
+      save_request_step_.store(step_ + 1);  // the step that trains this batch
     router_.exchange(comm_);
     begin_batch(fs, out);
     resolve_all(fs, out);
@@ -207,6 +215,7 @@ class KeyExchange {
     status.has_data = has_data ? 1 : 0;
     status.signature = fs.signature;
     if (allocate_ && evict_asked_.exchange(false)) status.evict_asked = 1;
+    if (allocate_ && save_asked_.exchange(false)) status.save_asked = 1;
     if (!has_data) return status;
     const size_t nf = fs.features.size();
     const int world = comm_.world();
@@ -581,6 +590,8 @@ class KeyExchange {
   int64_t step_ = 0;
   bool step_follows_training_ = false;
   std::atomic<bool> evict_asked_{false};
+  std::atomic<bool> save_asked_{false};
+  std::atomic<int64_t> save_request_step_{-1};
   const bool allocate_;
   KeyRouter router_;
   RowDedup owner_dedup_;

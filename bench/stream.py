@@ -1,0 +1,268 @@
+"""Training from a stream against the same records read from files once, the lag under a producer
+at 80% of training speed, and what the metrics endpoint costs.
+
+    python bench/stream.py [--records 160000] [--partitions 4] [--batch 1024] [--rounds 3] [--live-s 30]
+
+One rank trains the Wide&Deep demo's model (examples/stream_wide_deep.py: 26 ids a sample in two
+tables, lazy Adam, the dense tower) on the same serialized tf.train.Example records, fed four ways,
+each in a process of its own, the four in turns for --rounds rounds (alternating cancels the
+machine's drift):
+  files      tf.data.TFRecordDataset over the partitions' files, read once (the baseline)
+  directory  DirectoryStream over the same files
+  redis      RedisStream over the same records in a Redis server of this machine's own
+  metrics    files, with the Prometheus endpoint on and this process scraping it every second
+Each reports samples/s and CPU seconds per 1000 samples (process time, all threads) over its
+steady steps. Then the lag: a producer here appends to Redis at 80% of the redis rounds' median
+speed for --live-s seconds while a job trains from it with the endpoint on; the endpoint's lag is
+read every half second. Prints one JSON line.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+CONFIGS = ("files", "directory", "redis", "metrics")
+WARMUP_STEPS = 10
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=160_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--live-s", type=float, default=30.0)
+    p.add_argument("--child", choices=CONFIGS + ("live",), help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--broker", help=argparse.SUPPRESS)
+    p.add_argument("--name", default="bench", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# One job (a child process).
+
+def child(args):
+    import tensorflow as tf
+
+    import criteo_synth
+    import wide_deep
+    from mx_rec.core.asc.feature_spec import FeatureSpec
+    from mx_rec.core.asc.helper import get_asc_insert_func
+    from mx_rec.optimizers.lazy_adam import create_hash_optimizer
+    from shardrec.rank_runtime import (DirectoryStream, RedisStream, create_table, get_dense_and_sparse_variable, init,
+                                       start_asc_pipeline, start_metrics_server)
+
+    tf.compat.v1.disable_eager_execution()
+    init()
+    if args.child in ("directory", "redis", "live"):
+        stream = (DirectoryStream(args.data, args.partitions, idle_timeout_s=1.0, poll_s=0.05)
+                  if args.child == "directory" else
+                  RedisStream(args.broker, args.name, args.partitions, idle_timeout_s=3.0 if args.child == "live"
+                              else 1.0, poll_s=0.05))
+        records = stream.dataset()
+    else:
+        records = tf.data.TFRecordDataset(files_in_order(args.data, args.partitions))
+    if args.port:
+        start_metrics_server(args.port)
+    columns = {"cat": tf.io.FixedLenFeature([criteo_synth.NUM_CAT], tf.int64),
+               "dense": tf.io.FixedLenFeature([criteo_synth.NUM_DENSE], tf.float32),
+               "label": tf.io.FixedLenFeature([], tf.float32)}
+    specs = [FeatureSpec("cat", table_name="deep_table"), FeatureSpec("cat_wide", table_name="wide_table",
+                                                                      index_key="cat")]
+    dataset = records.batch(args.batch).map(lambda r: tf.io.parse_example(r, columns))
+    dataset = dataset.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True)).prefetch(4)
+    batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    vocab = int(criteo_synth.vocab_sizes(0).sum())
+    tables = [create_table(key_dtype=tf.int64, dim=wide_deep.DEEP_DIM, name="deep_table",
+                           emb_initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
+                           device_vocabulary_size=vocab),
+              create_table(key_dtype=tf.int64, dim=1, name="wide_table",
+                           emb_initializer=tf.compat.v1.zeros_initializer(), device_vocabulary_size=vocab)]
+    loss, _ = wide_deep.model_forward(batch, tables, wide_deep.DenseTower(), None, is_train=True)
+    dense, sparse = get_dense_and_sparse_variable()
+    train_op = tf.group(tf.compat.v1.train.AdamOptimizer(0.001).minimize(loss, var_list=dense),
+                        create_hash_optimizer(0.01).apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    start_asc_pipeline()
+    steps, marks = 0, []
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        print("READY", flush=True)
+        while True:
+            try:
+                sess.run(train_op)
+            except tf.errors.OutOfRangeError:
+                break
+            steps += 1
+            marks.append((time.perf_counter(), time.process_time()))
+    # Steady steps: after the warm-up, before the last two (a stream's idle wait ends the data).
+    first, last = marks[WARMUP_STEPS], marks[-3]
+    samples = (len(marks) - 3 - WARMUP_STEPS) * args.batch
+    print(json.dumps({"config": args.child, "steps": steps, "samples_per_s": samples / (last[0] - first[0]),
+                      "cpu_s_per_1000": 1000 * (last[1] - first[1]) / samples}), flush=True)
+
+
+def files_in_order(root, partitions):
+    """The partitions' files in the order a stream of one rank reads them: a file of each in turn."""
+    lists = [sorted(os.listdir(os.path.join(root, str(p)))) for p in range(partitions)]
+    return [os.path.join(root, str(p), lists[p][i]) for i in range(max(map(len, lists)))
+            for p in range(partitions) if i < len(lists[p])]
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs (this process).
+
+def records(count, seed=0):
+    from stream_wide_deep import serialize
+
+    import criteo_synth
+
+    out = []
+    for start in range(0, count, 10_000):
+        data = criteo_synth.make_dataset(min(10_000, count - start), seed=0, sample_seed=[seed, start])
+        out += serialize(data, 0)
+    return out
+
+
+def write(root, broker_url, name, serialized, partitions, per_file=10_000):
+    import redis
+    import tensorflow as tf
+
+    client = redis.Redis.from_url(broker_url)
+    for p in range(partitions):
+        mine = serialized[p::partitions]
+        os.makedirs(os.path.join(root, str(p)))
+        for f, start in enumerate(range(0, len(mine), per_file)):
+            with tf.io.TFRecordWriter(os.path.join(root, str(p), f"events-{f:05d}.tfrecord")) as w:
+                for record in mine[start:start + per_file]:
+                    w.write(record)
+        for start in range(0, len(mine), 5000):
+            pipe = client.pipeline(transaction=False)
+            for record in mine[start:start + 5000]:
+                pipe.xadd(f"{name}:{p}", {"record": record})
+            pipe.execute()
+
+
+def run_child(args, config, data, url, name="bench", port=0, on_ready=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data, "--broker", url,
+           "--name", name, "--partitions", str(args.partitions), "--batch", str(args.batch), "--port", str(port)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    with tempfile.TemporaryFile("w+") as err:  # the child's log, read only if it fails
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        result = None
+        for line in proc.stdout:
+            if line.startswith("READY") and on_ready is not None:
+                on_ready()
+            if line.startswith("{"):
+                result = json.loads(line)
+        if proc.wait() != 0 or result is None:
+            err.seek(0)
+            raise RuntimeError(f"{config}: exit {proc.returncode}\n{err.read()[-3000:]}")
+    return result
+
+
+def scrape_every(port, seconds, stop, seen):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                families = list(text_string_to_metric_families(r.read().decode()))
+            seen.append((time.monotonic(), families))
+        except OSError:
+            pass
+        stop.wait(seconds)
+
+
+def live(args, url, serialized, speed):
+    """Appends at 80% of `speed` for --live-s seconds while a job trains; the lag it reports."""
+    import redis
+
+    from shardrec.launch.redis_server import free_port
+
+    client, rate, port = redis.Redis.from_url(url), 0.8 * speed, free_port()
+    started, stop, seen = threading.Event(), threading.Event(), []
+    job = threading.Thread(target=lambda: seen.append(run_child(args, "live", "-", url, "live", port, started.set)))
+    job.start()
+    started.wait(300)
+    scraper = threading.Thread(target=scrape_every, args=(port, 0.5, stop, seen))
+    scraper.start()
+    begin, sent = time.monotonic(), 0
+    while time.monotonic() - begin < args.live_s:
+        due = int(rate * (time.monotonic() - begin)) - sent
+        pipe = client.pipeline(transaction=False)
+        for i in range(sent, sent + due):
+            pipe.xadd(f"live:{i % args.partitions}", {"record": serialized[i % len(serialized)]})
+        pipe.execute()
+        sent += due
+        time.sleep(0.05)
+    job.join(600)
+    stop.set()
+    scraper.join()
+    lags, seconds = [], []
+    for at, families in (s for s in seen if isinstance(s, tuple)):
+        if at - begin < 5:  # the job's first batches
+            continue
+        for family in families:
+            if family.name == "shardrec_stream_lag_records":
+                lags.append(sum(s.value for s in family.samples))
+            if family.name == "shardrec_stream_lag_seconds":
+                seconds.append(max([s.value for s in family.samples] or [0]))
+    return {"producer_per_s": rate, "produced": sent, "lag_records_max": max(lags or [0]),
+            "lag_records_median": statistics.median(lags or [0]), "lag_seconds_max": max(seconds or [0]),
+            "scrapes": len(lags)}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.child:
+        return child(args)
+    from shardrec.launch.redis_server import RedisServer, free_port
+
+    work = tempfile.mkdtemp(prefix="shardrec-bench-stream-")
+    try:
+        with RedisServer(os.path.join(work, "redis"), fsync="everysec") as server:
+            serialized = records(args.records)
+            write(os.path.join(work, "events"), server.url, "bench", serialized, args.partitions)
+            runs = {c: [] for c in CONFIGS}
+            for r in range(args.rounds):
+                for config in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:
+                    stop, seen = threading.Event(), []
+                    port = free_port() if config == "metrics" else 0
+                    scraper = threading.Thread(target=scrape_every, args=(port, 1.0, stop, seen)) if port else None
+                    result = run_child(args, config, os.path.join(work, "events"), server.url, port=port,
+                                       on_ready=scraper.start if scraper else None)
+                    stop.set()
+                    if scraper:
+                        scraper.join()
+                        result["scrapes"] = len(seen)
+                    runs[config].append(result)
+                    print(f"round {r}: {json.dumps(result)}", file=sys.stderr, flush=True)
+            med = {c: {k: statistics.median(x[k] for x in runs[c]) for k in ("samples_per_s", "cpu_s_per_1000")}
+                   for c in CONFIGS}
+            out = {"records": args.records, "batch": args.batch, "partitions": args.partitions, "rounds": runs,
+                   "median": med,
+                   "directory_vs_files": med["directory"]["samples_per_s"] / med["files"]["samples_per_s"],
+                   "redis_vs_files": med["redis"]["samples_per_s"] / med["files"]["samples_per_s"],
+                   "metrics_overhead": 1 - med["metrics"]["samples_per_s"] / med["files"]["samples_per_s"],
+                   "metrics_cpu_overhead": med["metrics"]["cpu_s_per_1000"] / med["files"]["cpu_s_per_1000"] - 1,
+                   "live": live(args, server.url, serialized, med["redis"]["samples_per_s"])}
+            print(json.dumps(out), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
