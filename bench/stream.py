@@ -12,7 +12,8 @@ machine's drift):
   redis      RedisStream over the same records in a Redis server of this machine's own
   metrics    files, with the Prometheus endpoint on and this process scraping it every second
 Each reports samples/s and CPU seconds per 1000 samples (process time, all threads) over its
-steady steps. Then the lag: a producer here appends to Redis at 80% of the redis rounds' median
+steady steps; the metrics run also times its own costs alone (CPU per batch of the counters, per
+scrape of the endpoint), since two runs differ by more than the 1% asked of them. Then the lag: a producer here appends to Redis at 80% of the redis rounds' median
 speed for --live-s seconds while a job trains from it with the endpoint on; the endpoint's lag is
 read every half second. Prints one JSON line.
 """
@@ -105,11 +106,40 @@ def child(args):
                 break
             steps += 1
             marks.append((time.perf_counter(), time.process_time()))
-    # Steady steps: after the warm-up, before the last two (a stream's idle wait ends the data).
-    first, last = marks[WARMUP_STEPS], marks[-3]
-    samples = (len(marks) - 3 - WARMUP_STEPS) * args.batch
-    print(json.dumps({"config": args.child, "steps": steps, "samples_per_s": samples / (last[0] - first[0]),
-                      "cpu_s_per_1000": 1000 * (last[1] - first[1]) / samples}), flush=True)
+        # Steady steps: after the warm-up, before the last two (a stream's idle wait ends the data).
+        first, last = marks[WARMUP_STEPS], marks[-3]
+        samples = (len(marks) - 3 - WARMUP_STEPS) * args.batch
+        out = {"config": args.child, "steps": steps, "samples_per_s": samples / (last[0] - first[0]),
+               "cpu_s_per_1000": 1000 * (last[1] - first[1]) / samples}
+        if args.child == "metrics":
+            out.update(metrics_cost(tables, (last[1] - first[1]) / (len(marks) - 3 - WARMUP_STEPS)))
+        if args.child == "live":
+            out["records"] = stream.cursor.records_trained
+    print(json.dumps(out), flush=True)
+
+
+def metrics_cost(tables, step_cpu_s):
+    """What the metrics cost, timed alone in CPU time (the samples/s of two runs differ by more than
+    the 1% asked of it): the per-batch counters (metrics.batch_trained) against a step, and one
+    scrape's collection and text (what the endpoint does per request) against a second."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shardrec.rank_runtime.process import metrics
+
+    calls = 2000
+    begin = time.process_time()
+    for _ in range(calls):
+        metrics.batch_trained(0, tables)
+    per_batch = (time.process_time() - begin) / calls
+    registry = CollectorRegistry()
+    registry.register(metrics._Collector(0))
+    begin = time.process_time()
+    for _ in range(50):
+        generate_latest(registry)
+    per_scrape = (time.process_time() - begin) / 50
+    return {"metrics_us_per_batch": per_batch * 1e6, "metrics_ms_per_scrape": per_scrape * 1e3,
+            "step_cpu_ms": step_cpu_s * 1e3,
+            "metrics_cost_share": per_batch / step_cpu_s + per_scrape / 1.0}
 
 
 def files_in_order(root, partitions):
@@ -213,16 +243,24 @@ def live(args, url, serialized, speed):
     scraper.join()
     lags, seconds = [], []
     for at, families in (s for s in seen if isinstance(s, tuple)):
-        if at - begin < 5:  # the job's first batches
+        if at - begin < 5 or at - begin > args.live_s:  # the job's first batches; the catch-up after
             continue
         for family in families:
             if family.name == "shardrec_stream_lag_records":
                 lags.append(sum(s.value for s in family.samples))
             if family.name == "shardrec_stream_lag_seconds":
                 seconds.append(max([s.value for s in family.samples] or [0]))
-    return {"producer_per_s": rate, "produced": sent, "lag_records_max": max(lags or [0]),
-            "lag_records_median": statistics.median(lags or [0]), "lag_seconds_max": max(seconds or [0]),
+    half = len(lags) // 2
+    trained = next(s for s in seen if isinstance(s, dict))["records"]
+    return {"producer_per_s": rate, "produced": sent, "trained": trained, "lag_records_max": max(lags or [0]),
+            "lag_records_median_first_half": statistics.median(lags[:half] or [0]),
+            "lag_records_median_second_half": statistics.median(lags[half:] or [0]),
+            "lag_seconds_max": max(seconds or [0]), "lag_seconds_median": statistics.median(seconds or [0]),
             "scrapes": len(lags)}
+
+
+def paired(runs, config, figure):
+    return statistics.median(a[figure] / b[figure] for a, b in zip(runs[config], runs["files"]))
 
 
 def main(argv=None):
@@ -254,10 +292,14 @@ def main(argv=None):
                    for c in CONFIGS}
             out = {"records": args.records, "batch": args.batch, "partitions": args.partitions, "rounds": runs,
                    "median": med,
-                   "directory_vs_files": med["directory"]["samples_per_s"] / med["files"]["samples_per_s"],
-                   "redis_vs_files": med["redis"]["samples_per_s"] / med["files"]["samples_per_s"],
+                   # Each round's runs ran back to back: the median of the rounds' own ratios.
+                   "directory_vs_files": paired(runs, "directory", "samples_per_s"),
+                   "redis_vs_files": paired(runs, "redis", "samples_per_s"),
+                   "directory_cpu_vs_files": paired(runs, "directory", "cpu_s_per_1000"),
+                   "redis_cpu_vs_files": paired(runs, "redis", "cpu_s_per_1000"),
                    "metrics_overhead": 1 - med["metrics"]["samples_per_s"] / med["files"]["samples_per_s"],
                    "metrics_cpu_overhead": med["metrics"]["cpu_s_per_1000"] / med["files"]["cpu_s_per_1000"] - 1,
+                   "metrics_cost_share": statistics.median(x["metrics_cost_share"] for x in runs["metrics"]),
                    "live": live(args, server.url, serialized, med["redis"]["samples_per_s"])}
             print(json.dumps(out), flush=True)
     finally:

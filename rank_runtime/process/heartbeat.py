@@ -99,7 +99,7 @@ def waiting_for_data(waiting: bool) -> None:
         return
     with _beats.lock:
         _beats.beat = dataclasses.replace(_beats.beat, waiting_for_data=waiting)
-    _write(force=True)
+    _write(force=True, tick=True)  # the reader's thread: the tables are read on the key pipeline's only
 
 
 def report(step: Optional[int] = None, loss: Optional[float] = None, samples_per_s: Optional[float] = None,

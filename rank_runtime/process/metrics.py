@@ -15,7 +15,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Dict, Optional
+from typing import Optional
 
 from ..formats.heartbeat_format import ATTEMPT_ENV, RESIZES_ENV, RESTARTS_ENV
 from .logs import get_logger
@@ -50,16 +50,30 @@ def batch_trained(samples: int, tables) -> None:
         state.samples += samples
         state.tables = figures
         since, before = state.rate_from
-        if now - since < REFRESH_S:
-            return
-        state.rate = (state.samples - before) / (now - since) if since else 0.0
-        state.rate_from = (now, state.samples)
+        if now - since >= REFRESH_S:
+            state.rate = (state.samples - before) / (now - since) if since else 0.0
+            state.rate_from = (now, state.samples)
+
+
+def start_progress_lines() -> None:
+    """A stream job's progress lines, every SHARDREC_PROGRESS_S seconds, from a thread of their own:
+    a stream's lag may read the broker or count new files, which the step must not wait for."""
     interval = _progress_interval()
-    if STATE.stream is not None and interval and now - state.progress_at >= interval:
-        if state.progress_at:
-            log.info("progress: %s", progress_line())
-        state.progress_at = now
-        state.progress_tables = figures
+    if not interval or STATE.metrics.progress_thread is not None:
+        return
+
+    def lines():
+        while True:
+            time.sleep(interval)
+            if STATE.stream is None:
+                continue
+            try:
+                log.info("progress: %s", progress_line())
+            except Exception as e:  # noqa: BLE001 - a progress line never ends the job
+                log.warning("progress line failed: %s", e)
+
+    STATE.metrics.progress_thread = threading.Thread(target=lines, name="shardrec-progress", daemon=True)
+    STATE.metrics.progress_thread.start()
 
 
 def saved(step: int, kind: str, shard_dir: str) -> None:
@@ -98,6 +112,7 @@ def progress_line() -> str:
     state = STATE.metrics
     with state.lock:
         rate, samples, tables, save = state.rate, state.samples, dict(state.tables), state.last_save
+        before_tables, state.progress_tables = state.progress_tables, tables
     parts = [f"{rate:.0f} samples/s, {samples} samples"]
     lag = _lag()
     if lag:
@@ -107,7 +122,7 @@ def progress_line() -> str:
         parts.append(f"last save step {save.step} ({save.kind}, {save.bytes / 2**20:.1f} MiB, "
                      f"{time.time() - save.at:.0f} s ago)")
     for name, t in sorted(tables.items()):
-        before = state.progress_tables.get(name, {"admitted": 0, "evicted": 0})
+        before = before_tables.get(name, {"admitted": 0, "evicted": 0})
         parts.append(f"table {name}: {t['rows']} rows, +{t['admitted'] - before['admitted']} admitted, "
                      f"+{t['evicted'] - before['evicted']} evicted")
     return "; ".join(parts)

@@ -59,7 +59,7 @@ class MetricsState:
     tables: Dict[str, dict] = field(default_factory=dict)
     last_save: "Optional[SaveFigures]" = None
     server: Optional[tuple] = None
-    progress_at: float = 0.0
+    progress_thread: Optional[threading.Thread] = None
     progress_tables: Dict[str, dict] = field(default_factory=dict)  # as at the last progress line
 
 

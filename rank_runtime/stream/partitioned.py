@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
-from ..process import config, heartbeat, resize
+from ..process import config, heartbeat, metrics, resize
 from ..process.logs import get_logger
 from ..process.state import STATE
 from ..process.world import get_world
@@ -59,6 +59,7 @@ class PartitionedStream:
         self._number_batches_from(0)
         STATE.stream = self
         resize.stop_on_sigterm()
+        metrics.start_progress_lines()
         return self._records()
 
     def restore(self, positions: Dict[str, PartitionPosition], resume: Optional[str], step: int) -> None:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "bindings/py_arrays.h"
+#include "storage/tfrecord_framing.h"
 
 namespace {
 
@@ -108,6 +109,20 @@ py::tuple dedup(CArray<Key> keys) {
 }
 
 void bind_functions(py::module_& m) {
+  py::class_<shardrec::TFRecordCount>(m, "TFRecordCount")
+      .def_readonly("records", &shardrec::TFRecordCount::records, "Complete records before bad_offset.")
+      .def_readonly("size", &shardrec::TFRecordCount::size, "The file's bytes.")
+      .def_readonly("bad_offset", &shardrec::TFRecordCount::bad_offset,
+                    "Where the framing stops adding up (-1: it adds up to the end).")
+      .def_readonly("bad_length", &shardrec::TFRecordCount::bad_length,
+                    "The length the record there claims (-1: its header is cut short).");
+  m.def(
+      "count_tfrecords",
+      [](const std::string& path) {
+        py::gil_scoped_release nogil;
+        return shardrec::count_tfrecords(path);
+      },
+      py::arg("path"), "A TFRecord file's records, counted from its framing (the data is not read).");
   m.def("dedup", &dedup<int64_t>, py::arg("keys"));
   m.def("dedup", &dedup<int32_t>, py::arg("keys"),
         "Unique keys in first-seen order and restore indices (unique[restore] == keys).");
