@@ -22,7 +22,7 @@ import tensorflow as tf
 from ..formats.stream_positions import PartitionPosition
 from ..process.logs import get_logger
 from ..validation import check_number
-from .partitioned import WAIT_LOG_S, PartitionedStream, PartitionLag
+from .partitioned import PartitionedStream, PartitionLag
 from .tfrecord_files import StreamFileError, count_records
 
 log = get_logger("shardrec.stream")
@@ -89,7 +89,7 @@ class DirectoryStream(PartitionedStream):
             path = os.path.join(self.root, resume, at.file or "")
             ended = at.file is not None and (not os.path.exists(path) or self._count(resume, at.file) <= at.offset)
             turn = (owned.index(resume) + ended) % len(owned)
-        idle_since, said = time.monotonic(), time.monotonic()
+        idle_since = time.monotonic()
         while True:
             for k in range(len(owned)):
                 partition = owned[(turn + k) % len(owned)]
@@ -99,19 +99,14 @@ class DirectoryStream(PartitionedStream):
                 file, first, count = found
                 reading[partition] = (PartitionPosition(file, count), True)
                 turn = (turn + k + 1) % len(owned)
-                idle_since = said = time.monotonic()
+                idle_since = time.monotonic()
                 self._has_data()
                 cursor.handed(partition, file, first, count - first)
                 yield os.path.join(self.root, partition, file), first
                 break
             else:
-                now = time.monotonic()
-                if self._wait_ends(now - idle_since):
+                if self._wait_ends(time.monotonic() - idle_since):
                     return
-                if now - said >= WAIT_LOG_S:
-                    log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.root,
-                             ", ".join(owned), now - idle_since)
-                    said = now
                 time.sleep(self.poll_s)
 
     def _next_slice(self, partition: str, at: PartitionPosition, whole: bool):

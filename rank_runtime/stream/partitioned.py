@@ -5,6 +5,7 @@ restore of a checkpoint's positions into the same ranks or other ones.
 A source defines _prepare() (checks made when the dataset is built, on every rank) and
 _read(cursor, resume) (a generator of what tf.data reads, logging every slice it hands out to the
 cursor), and the dataset of its records (_records)."""
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -45,6 +46,7 @@ class PartitionedStream:
         self._resume: Optional[str] = None
         self._started = False
         self._waiting = False
+        self._said = 0.0  # when the wait was last logged
 
     def dataset(self) -> tf.data.Dataset:
         """This rank's records (serialized tf.train.Example strings, or whatever the producer wrote),
@@ -83,10 +85,16 @@ class PartitionedStream:
 
     def _wait_ends(self, waited_s: float) -> bool:
         """Called while the reader has nothing new to hand out (it then sleeps or blocks briefly):
-        whether its data ends now, because the job was asked to stop or idle_timeout_s passed."""
+        whether its data ends now, because the job was asked to stop or idle_timeout_s passed. Says
+        every WAIT_LOG_S that it waits."""
+        now = time.monotonic()
         if not self._waiting:
-            self._waiting = True
+            self._waiting, self._said = True, now
             heartbeat.waiting_for_data(True)
+        elif now - self._said >= WAIT_LOG_S:
+            log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.source,
+                     ", ".join(self.owned), waited_s)
+            self._said = now
         if resize.requested():
             log.info("stream %s: the job was asked to stop while waiting for data: this rank's data ends", self.source)
             return True

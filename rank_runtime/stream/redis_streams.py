@@ -96,7 +96,7 @@ class RedisStream(PartitionedStream):
         turn = 0
         if resume in owned:  # the save cut its block, or ended it: then the next partition goes on
             turn = (owned.index(resume) + (reading[resume].offset % self.block_records == 0)) % len(owned)
-        idle_since = said = time.monotonic()
+        idle_since = warned = time.monotonic()
         away_since = None
         while True:
             try:
@@ -112,18 +112,13 @@ class RedisStream(PartitionedStream):
                     reading[partition] = PartitionPosition(ids[-1].decode(), at.offset + len(ids))
                     # The next partition's turn only once this block is whole (aligned blocks).
                     turn = (turn + k + (len(ids) == want)) % len(owned)
-                    idle_since = said = time.monotonic()
+                    idle_since = time.monotonic()
                     self._has_data()
                     yield records
                     break
                 else:
-                    now = time.monotonic()
-                    if self._wait_ends(now - idle_since):
+                    if self._wait_ends(time.monotonic() - idle_since):
                         return
-                    if now - said >= WAIT_LOG_S:
-                        log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.source,
-                                 ", ".join(owned), now - idle_since)
-                        said = now
                     # Wakes as soon as any partition has an entry after its position.
                     self.client.xread({self.key(p): reading[p].file or START for p in owned}, count=1,
                                       block=max(1, int(self.poll_s * 1000)))
@@ -133,11 +128,11 @@ class RedisStream(PartitionedStream):
                     away_since, idle_since = None, time.monotonic()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
                 now = time.monotonic()
-                if away_since is None or now - said >= WAIT_LOG_S:
+                if away_since is None or now - warned >= WAIT_LOG_S:
                     log.warning("stream %s: the broker does not answer (%s); waiting for it (%.0f s so far), "
                                 "reading goes on from the same entries when it is back", self.source, e,
                                 0.0 if away_since is None else now - away_since)
-                    said = now
+                    warned = now
                 away_since = away_since or now
                 if self._wait_ends(0.0):  # asked to stop
                     return
