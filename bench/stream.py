@@ -2,6 +2,7 @@
 at 80% of training speed, and what the metrics endpoint costs.
 
     python bench/stream.py [--records 160000] [--partitions 4] [--batch 1024] [--rounds 3] [--live-s 30]
+    python bench/stream.py --only-live --speed SAMPLES_PER_S [--live-s 40]
 
 One rank trains the Wide&Deep demo's model (examples/stream_wide_deep.py: 26 ids a sample in two
 tables, lazy Adam, the dense tower) on the same serialized tf.train.Example records, fed four ways,
@@ -14,8 +15,9 @@ machine's drift):
 Each reports samples/s and CPU seconds per 1000 samples (process time, all threads) over its
 steady steps; the metrics run also times its own costs alone (CPU per batch of the counters, per
 scrape of the endpoint), since two runs differ by more than the 1% asked of them. Then the lag: a producer here appends to Redis at 80% of the redis rounds' median
-speed for --live-s seconds while a job trains from it with the endpoint on; the endpoint's lag is
-read every half second. Prints one JSON line.
+speed for --live-s seconds while a job trains from it with the endpoint on, and the same with a
+directory stream (a file a partition every 0.1 s, at 80% of the directory rounds' speed); the
+endpoint's lag is read every half second. Prints one JSON line.
 """
 import argparse
 import json
@@ -42,7 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--live-s", type=float, default=30.0)
-    p.add_argument("--child", choices=CONFIGS + ("live",), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=CONFIGS + ("live", "live-directory"), help=argparse.SUPPRESS)
+    p.add_argument("--only-live", action="store_true", help="the lag runs alone, at 80%% of --speed samples/s")
+    p.add_argument("--speed", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--broker", help=argparse.SUPPRESS)
     p.add_argument("--name", default="bench", help=argparse.SUPPRESS)
@@ -66,9 +70,10 @@ def child(args):
 
     tf.compat.v1.disable_eager_execution()
     init()
-    if args.child in ("directory", "redis", "live"):
-        stream = (DirectoryStream(args.data, args.partitions, idle_timeout_s=1.0, poll_s=0.05)
-                  if args.child == "directory" else
+    if args.child in ("directory", "redis", "live", "live-directory"):
+        stream = (DirectoryStream(args.data, args.partitions, idle_timeout_s=3.0 if args.child == "live-directory"
+                                  else 1.0, poll_s=0.05)
+                  if args.child in ("directory", "live-directory") else
                   RedisStream(args.broker, args.name, args.partitions, idle_timeout_s=3.0 if args.child == "live"
                               else 1.0, poll_s=0.05))
         records = stream.dataset()
@@ -113,7 +118,7 @@ def child(args):
                "cpu_s_per_1000": 1000 * (last[1] - first[1]) / samples}
         if args.child == "metrics":
             out.update(metrics_cost(tables, (last[1] - first[1]) / (len(marks) - 3 - WARMUP_STEPS)))
-        if args.child == "live":
+        if args.child.startswith("live"):
             out["records"] = stream.cursor.records_trained
     print(json.dumps(out), flush=True)
 
@@ -216,15 +221,50 @@ def scrape_every(port, seconds, stop, seen):
         stop.wait(seconds)
 
 
-def live(args, url, serialized, speed):
-    """Appends at 80% of `speed` for --live-s seconds while a job trains; the lag it reports."""
-    import redis
+class RedisProducer:
+    def __init__(self, url, partitions):
+        import redis
 
+        self.client, self.partitions = redis.Redis.from_url(url), partitions
+
+    def write(self, records, first):
+        pipe = self.client.pipeline(transaction=False)
+        for i, record in enumerate(records, first):
+            pipe.xadd(f"live:{i % self.partitions}", {"record": record})
+        pipe.execute()
+
+
+class FileProducer:
+    """A file a partition per call, written under a dot-name and renamed into place."""
+
+    def __init__(self, root, partitions):
+        self.root, self.partitions, self.files = root, partitions, 0
+        for p in range(partitions):
+            os.makedirs(os.path.join(root, str(p)), exist_ok=True)
+
+    def write(self, records, first):
+        import tensorflow as tf
+
+        for p in range(self.partitions):
+            name = f"live-{self.files:06d}.tfrecord"
+            tmp = os.path.join(self.root, str(p), "." + name)
+            with tf.io.TFRecordWriter(tmp) as w:
+                for i in range(p - first % self.partitions, len(records), self.partitions):
+                    if i >= 0:
+                        w.write(records[i])
+            os.rename(tmp, os.path.join(self.root, str(p), name))
+        self.files += 1
+
+
+def live(args, config, where, producer, serialized, speed):
+    """`producer` writes at 80% of `speed` for --live-s seconds while a job trains from `where`
+    (config "live": Redis; "live-directory": a directory); the lag its endpoint reports."""
     from shardrec.launch.redis_server import free_port
 
-    client, rate, port = redis.Redis.from_url(url), 0.8 * speed, free_port()
+    rate, port = 0.8 * speed, free_port()
     started, stop, seen = threading.Event(), threading.Event(), []
-    job = threading.Thread(target=lambda: seen.append(run_child(args, "live", "-", url, "live", port, started.set)))
+    job = threading.Thread(target=lambda: seen.append(run_child(args, config, where, where, "live", port,
+                                                                started.set)))
     job.start()
     started.wait(300)
     scraper = threading.Thread(target=scrape_every, args=(port, 0.5, stop, seen))
@@ -232,12 +272,10 @@ def live(args, url, serialized, speed):
     begin, sent = time.monotonic(), 0
     while time.monotonic() - begin < args.live_s:
         due = int(rate * (time.monotonic() - begin)) - sent
-        pipe = client.pipeline(transaction=False)
-        for i in range(sent, sent + due):
-            pipe.xadd(f"live:{i % args.partitions}", {"record": serialized[i % len(serialized)]})
-        pipe.execute()
-        sent += due
-        time.sleep(0.05)
+        if due > 0:
+            producer.write([serialized[i % len(serialized)] for i in range(sent, sent + due)], sent)
+            sent += due
+        time.sleep(0.1)
     job.join(600)
     stop.set()
     scraper.join()
@@ -273,6 +311,12 @@ def main(argv=None):
     try:
         with RedisServer(os.path.join(work, "redis"), fsync="everysec") as server:
             serialized = records(args.records)
+            if args.only_live:  # a directory stream's lag alone, the producer at 80% of --speed
+                root = os.path.join(work, "live")
+                print(json.dumps({"live_directory": live(args, "live-directory", root,
+                                                         FileProducer(root, args.partitions), serialized,
+                                                         args.speed)}), flush=True)
+                return
             write(os.path.join(work, "events"), server.url, "bench", serialized, args.partitions)
             runs = {c: [] for c in CONFIGS}
             for r in range(args.rounds):
@@ -300,7 +344,11 @@ def main(argv=None):
                    "metrics_overhead": 1 - med["metrics"]["samples_per_s"] / med["files"]["samples_per_s"],
                    "metrics_cpu_overhead": med["metrics"]["cpu_s_per_1000"] / med["files"]["cpu_s_per_1000"] - 1,
                    "metrics_cost_share": statistics.median(x["metrics_cost_share"] for x in runs["metrics"]),
-                   "live": live(args, server.url, serialized, med["redis"]["samples_per_s"])}
+                   "live": live(args, "live", server.url, RedisProducer(server.url, args.partitions), serialized,
+                                med["redis"]["samples_per_s"]),
+                   "live_directory": live(args, "live-directory", os.path.join(work, "live"),
+                                          FileProducer(os.path.join(work, "live"), args.partitions), serialized,
+                                          med["directory"]["samples_per_s"])}
             print(json.dumps(out), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
