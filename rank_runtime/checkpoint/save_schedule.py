@@ -99,20 +99,25 @@ def old_links(kinds: list, keep) -> int:
 
 def request_due_save(exchange) -> None:
     """After each training batch: rank 0 of an incremental job asks for a save once
-    save_delta_checkpoints_secs passed since the last save (or request, or the first batch)."""
+    save_delta_checkpoints_secs passed since the last save (or request, or the first batch). Never
+    while a request is outstanding (its step not saved yet): the ranks read the requested step
+    while their exchanges run ahead of training by different amounts, so with one request at a
+    time every rank sees the same one at every step until it is saved."""
     cfg = config.get_config()
     if cfg.incremental is None or cfg.rank != 0:
         return
     now, timer = time.monotonic(), STATE.save_timer
     if timer.since is None:
         timer.since = now
+    elif exchange.save_request_step > timer.saved_step:
+        return
     elif now - max(timer.since, timer.saved_at) >= cfg.incremental.delta_every_s:
         exchange.request_save()
         timer.since = now
 
 
-def saved_now() -> None:
-    STATE.save_timer.saved_at = time.monotonic()
+def saved_now(step: int) -> None:
+    STATE.save_timer.saved_at, STATE.save_timer.saved_step = time.monotonic(), step
 
 
 def asked_save_due(step: int, last_saved_step) -> bool:

@@ -189,7 +189,7 @@ class Saver(_TFSaver):
         self._forget_old(dense.value, kind, writes_dense)
         if plan is not None:
             self._chain = self._chain_after(plan, chain, dense.value, step or 0)
-            saved_now()
+            saved_now(step or 0)
         if shared:
             # Also the barrier after rank 0 listed the checkpoint: every rank returns once it is
             # listed, so that what follows (an evaluation of the latest checkpoint, say) sees it.

@@ -68,6 +68,7 @@ class SaveTimerState:
     """save_schedule.py's: rank 0's clock for save requests (time.monotonic())."""
     since: Optional[float] = None  # the last request, or the first training batch
     saved_at: float = 0.0  # the last save committed
+    saved_step: int = -1  # and its global step
 
 
 @dataclass
