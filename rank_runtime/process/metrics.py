@@ -6,8 +6,9 @@ and progress lines in the log, from the same snapshot.
     SHARDREC_METRICS_ADDR=0.0.0.0              where it listens (default 127.0.0.1: this host only)
     SHARDREC_PROGRESS_S=30                     seconds between progress lines of a stream job (0: none)
 
-The training step pays a few native counter reads per batch (batch_trained, on the key
-pipeline's thread, which alone grows the tables); a stream's lag (partitions, the broker) is read
+The training step pays a few native counter reads per batch while an endpoint or progress lines
+read them (batch_trained, on the key pipeline's thread, which alone grows the tables), one
+addition otherwise; a stream's lag (partitions, the broker) is read
 when a scrape or a progress line asks for it. Each rank serves its own figures (its partitions, its shards of the
 tables); the supervisor's restarts and resizes reach every rank in its environment.
 """
@@ -40,6 +41,9 @@ def batch_trained(samples: int, tables) -> None:
     the tables: their figures are read here, a few native counters, so that a scrape after the
     last batch sees that batch's)."""
     state = STATE.metrics
+    if state.server is None and state.progress_thread is None:  # nobody reads the figures
+        state.samples += samples
+        return
     figures = {}
     for table in tables:
         counters = table.index.counters()
