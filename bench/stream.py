@@ -2,7 +2,8 @@
 at 80% of training speed, and what the metrics endpoint costs.
 
     python bench/stream.py [--records 160000] [--partitions 4] [--batch 1024] [--rounds 3] [--live-s 30]
-    python bench/stream.py --only-live --speed SAMPLES_PER_S [--live-s 40]
+    python bench/stream.py --only-live directory|redis|redis-packed --speed SAMPLES_PER_S [--live-s 40]
+    python bench/stream.py --only-readers [--records 160000] [--rounds 3]
 
 One rank trains the Wide&Deep demo's model (examples/stream_wide_deep.py: 26 ids a sample in two
 tables, lazy Adam, the dense tower) on the same serialized tf.train.Example records, fed four ways,
@@ -10,14 +11,17 @@ each in a process of its own, the four in turns for --rounds rounds (alternating
 machine's drift):
   files      tf.data.TFRecordDataset over the partitions' files, read once (the baseline)
   directory  DirectoryStream over the same files
-  redis      RedisStream over the same records in a Redis server of this machine's own
+  redis      RedisStream over the same records in a Redis server of this machine's own, a record an entry
+  redis-packed  the same, 256 records an entry (pack_records), as a producer that batches writes
   metrics    files, with the Prometheus endpoint on and this process scraping it every second
 Each reports samples/s and CPU seconds per 1000 samples (process time, all threads) over its
 steady steps; the metrics run also times its own costs alone (CPU per batch of the counters, per
-scrape of the endpoint), since two runs differ by more than the 1% asked of them. Then the lag: a producer here appends to Redis at 80% of the redis rounds' median
-speed for --live-s seconds while a job trains from it with the endpoint on, and the same with a
-directory stream (a file a partition every 0.1 s, at 80% of the directory rounds' speed); the
-endpoint's lag is read every half second. Prints one JSON line.
+scrape of the endpoint), since two runs differ by more than the 1% asked of them. Then the lag: a
+producer here appends to Redis at 80% of the redis-packed rounds' median speed for --live-s
+seconds while a job trains from it with the endpoint on (a packed entry a partition every 0.1 s),
+the same a record an entry at 80% of the redis rounds' speed, and the same with a directory
+stream (a file a partition every 0.1 s, at 80% of the directory rounds' speed); the endpoint's
+lag is read every half second. Prints one JSON line.
 """
 import argparse
 import json
@@ -33,7 +37,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-CONFIGS = ("files", "directory", "redis", "metrics")
+CONFIGS = ("files", "directory", "redis", "redis-packed", "metrics")
+PACK = 256  # records a packed Redis entry in the rounds
 WARMUP_STEPS = 10
 
 
@@ -45,7 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--live-s", type=float, default=30.0)
     p.add_argument("--child", choices=CONFIGS + ("live", "live-directory"), help=argparse.SUPPRESS)
-    p.add_argument("--only-live", action="store_true", help="the lag runs alone, at 80%% of --speed samples/s")
+    p.add_argument("--only-live", choices=("directory", "redis", "redis-packed"),
+                   help="one lag run alone, at 80%% of --speed samples/s")
+    p.add_argument("--only-readers", action="store_true",
+                   help="the readers alone: CPU per record of each feed's dataset, batched, no training")
     p.add_argument("--speed", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--broker", help=argparse.SUPPRESS)
@@ -70,7 +78,7 @@ def child(args):
 
     tf.compat.v1.disable_eager_execution()
     init()
-    if args.child in ("directory", "redis", "live", "live-directory"):
+    if args.child in ("directory", "redis", "redis-packed", "live", "live-directory"):
         stream = (DirectoryStream(args.data, args.partitions, idle_timeout_s=3.0 if args.child == "live-directory"
                                   else 1.0, poll_s=0.05)
                   if args.child in ("directory", "live-directory") else
@@ -173,6 +181,8 @@ def write(root, broker_url, name, serialized, partitions, per_file=10_000):
     import redis
     import tensorflow as tf
 
+    from shardrec.rank_runtime import pack_records
+
     client = redis.Redis.from_url(broker_url)
     for p in range(partitions):
         mine = serialized[p::partitions]
@@ -186,13 +196,16 @@ def write(root, broker_url, name, serialized, partitions, per_file=10_000):
             for record in mine[start:start + 5000]:
                 pipe.xadd(f"{name}:{p}", {"record": record})
             pipe.execute()
+        for start in range(0, len(mine), PACK):
+            client.xadd(f"{name}-packed:{p}", {"records": pack_records(mine[start:start + PACK])})
 
 
 def run_child(args, config, data, url, name="bench", port=0, on_ready=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data, "--broker", url,
            "--name", name, "--partitions", str(args.partitions), "--batch", str(args.batch), "--port", str(port)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    with tempfile.TemporaryFile("w+") as err:  # the child's log, read only if it fails
+    with tempfile.NamedTemporaryFile("w+", prefix=f"shardrec-bench-{config}-", suffix=".log",
+                                     delete=not os.environ.get("BENCH_KEEP_LOGS")) as err:  # read if it fails
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
         result = None
         for line in proc.stdout:
@@ -222,15 +235,25 @@ def scrape_every(port, seconds, stop, seen):
 
 
 class RedisProducer:
-    def __init__(self, url, partitions):
+    """A record an entry, or (packed) an entry a partition per call."""
+
+    def __init__(self, url, partitions, name, packed):
         import redis
 
-        self.client, self.partitions = redis.Redis.from_url(url), partitions
+        self.client, self.partitions, self.name, self.packed = redis.Redis.from_url(url), partitions, name, packed
 
     def write(self, records, first):
+        from shardrec.rank_runtime import pack_records
+
         pipe = self.client.pipeline(transaction=False)
-        for i, record in enumerate(records, first):
-            pipe.xadd(f"live:{i % self.partitions}", {"record": record})
+        if self.packed:
+            for p in range(self.partitions):
+                mine = records[(p - first) % self.partitions::self.partitions]
+                if mine:
+                    pipe.xadd(f"{self.name}:{p}", {"records": pack_records(mine)})
+        else:
+            for i, record in enumerate(records, first):
+                pipe.xadd(f"{self.name}:{i % self.partitions}", {"record": record})
         pipe.execute()
 
 
@@ -258,12 +281,14 @@ class FileProducer:
 
 def live(args, config, where, producer, serialized, speed):
     """`producer` writes at 80% of `speed` for --live-s seconds while a job trains from `where`
-    (config "live": Redis; "live-directory": a directory); the lag its endpoint reports."""
+    (config "live": Redis, the producer's stream; "live-directory": a directory); the lag its
+    endpoint reports."""
     from shardrec.launch.redis_server import free_port
 
     rate, port = 0.8 * speed, free_port()
     started, stop, seen = threading.Event(), threading.Event(), []
-    job = threading.Thread(target=lambda: seen.append(run_child(args, config, where, where, "live", port,
+    name = getattr(producer, "name", "live")
+    job = threading.Thread(target=lambda: seen.append(run_child(args, config, where, where, name, port,
                                                                 started.set)))
     job.start()
     started.wait(300)
@@ -297,6 +322,33 @@ def live(args, config, where, producer, serialized, speed):
             "scrapes": len(lags)}
 
 
+def readers(args, root, url):
+    """CPU microseconds a record of each feed's records alone (batched, no model), the feeds in
+    turns in this process: what reading costs the trainer, without the training's noise."""
+    import tensorflow as tf
+
+    from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
+    from shardrec.rank_runtime.stream import RedisStream
+    from shardrec.rank_runtime.stream.cursor import StreamCursor
+
+    def stream(name):
+        s = RedisStream(url, name, args.partitions, idle_timeout_s=0.01, poll_s=0.01)
+        s.owned, s.cursor = list(s.names), StreamCursor({p: PartitionPosition(None, 0) for p in s.names})
+        s._prepare()
+        return s._records()
+
+    feeds = {"files": lambda: tf.data.TFRecordDataset(files_in_order(root, args.partitions)),
+             "redis": lambda: stream("bench"), "redis-packed": lambda: stream("bench-packed")}
+    out = {name: [] for name in feeds}
+    for _ in range(args.rounds):
+        for name, make in feeds.items():
+            begin, n = time.process_time(), 0
+            for batch in make().batch(args.batch):
+                n += int(batch.shape[0])
+            out[name].append((time.process_time() - begin) / n * 1e6)
+    return {name: {"cpu_us_per_record": statistics.median(v), "rounds": v} for name, v in out.items()}
+
+
 def paired(runs, config, figure):
     return statistics.median(a[figure] / b[figure] for a, b in zip(runs[config], runs["files"]))
 
@@ -311,20 +363,27 @@ def main(argv=None):
     try:
         with RedisServer(os.path.join(work, "redis"), fsync="everysec") as server:
             serialized = records(args.records)
-            if args.only_live:  # a directory stream's lag alone, the producer at 80% of --speed
+            if args.only_live:  # one lag run alone, the producer at 80% of --speed
                 root = os.path.join(work, "live")
-                print(json.dumps({"live_directory": live(args, "live-directory", root,
-                                                         FileProducer(root, args.partitions), serialized,
-                                                         args.speed)}), flush=True)
+                producer = FileProducer(root, args.partitions) if args.only_live == "directory" else \
+                    RedisProducer(server.url, args.partitions, "live", args.only_live == "redis-packed")
+                print(json.dumps({f"live_{args.only_live}": live(
+                    args, "live-directory" if args.only_live == "directory" else "live",
+                    root if args.only_live == "directory" else server.url, producer, serialized, args.speed)}),
+                    flush=True)
                 return
             write(os.path.join(work, "events"), server.url, "bench", serialized, args.partitions)
+            if args.only_readers:
+                print(json.dumps({"readers": readers(args, os.path.join(work, "events"), server.url)}), flush=True)
+                return
             runs = {c: [] for c in CONFIGS}
             for r in range(args.rounds):
                 for config in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:
                     stop, seen = threading.Event(), []
                     port = free_port() if config == "metrics" else 0
                     scraper = threading.Thread(target=scrape_every, args=(port, 1.0, stop, seen)) if port else None
-                    result = run_child(args, config, os.path.join(work, "events"), server.url, port=port,
+                    result = run_child(args, config, os.path.join(work, "events"), server.url,
+                                       "bench-packed" if config == "redis-packed" else "bench", port=port,
                                        on_ready=scraper.start if scraper else None)
                     stop.set()
                     if scraper:
@@ -339,13 +398,18 @@ def main(argv=None):
                    # Each round's runs ran back to back: the median of the rounds' own ratios.
                    "directory_vs_files": paired(runs, "directory", "samples_per_s"),
                    "redis_vs_files": paired(runs, "redis", "samples_per_s"),
+                   "redis_packed_vs_files": paired(runs, "redis-packed", "samples_per_s"),
                    "directory_cpu_vs_files": paired(runs, "directory", "cpu_s_per_1000"),
                    "redis_cpu_vs_files": paired(runs, "redis", "cpu_s_per_1000"),
+                   "redis_packed_cpu_vs_files": paired(runs, "redis-packed", "cpu_s_per_1000"),
                    "metrics_overhead": 1 - med["metrics"]["samples_per_s"] / med["files"]["samples_per_s"],
                    "metrics_cpu_overhead": med["metrics"]["cpu_s_per_1000"] / med["files"]["cpu_s_per_1000"] - 1,
                    "metrics_cost_share": statistics.median(x["metrics_cost_share"] for x in runs["metrics"]),
-                   "live": live(args, "live", server.url, RedisProducer(server.url, args.partitions), serialized,
-                                med["redis"]["samples_per_s"]),
+                   "live_packed": live(args, "live", server.url,
+                                       RedisProducer(server.url, args.partitions, "livepacked", True), serialized,
+                                       med["redis-packed"]["samples_per_s"]),
+                   "live": live(args, "live", server.url, RedisProducer(server.url, args.partitions, "live", False),
+                                serialized, med["redis"]["samples_per_s"]),
                    "live_directory": live(args, "live-directory", os.path.join(work, "live"),
                                           FileProducer(os.path.join(work, "live"), args.partitions), serialized,
                                           med["directory"]["samples_per_s"])}

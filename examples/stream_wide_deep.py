@@ -15,9 +15,11 @@ The two halves on their own, for a stream of your own:
     shardrec-run -np 2 --checkpoint-dir MODEL -- python examples/stream_wide_deep.py train \\
         --broker redis://HOST:6379/0 --name events --partitions 4 --model-dir MODEL
 
-A producer of your own appends each event to stream `<name>:<partition>` as `XADD <name>:<p> *
-record <a serialized tf.train.Example with cat (26 int64), dense (13 float), label, ts (int64
-seconds)>`; with --directory it renames complete TFRecord files into DIR/<partition>/. Stop the
+A producer of your own appends events to stream `<name>:<partition>`, as this one does several at
+a time, `XADD <name>:<p> * records <the bytes of a TFRecord file of them>` (pack_records), or one
+at a time, `XADD <name>:<p> * record <event>`; an event is a serialized tf.train.Example with cat
+(26 int64), dense (13 float), label, ts (int64 seconds). With --directory it renames complete
+TFRecord files into DIR/<partition>/. Stop the
 job with SIGTERM to shardrec-run (or Ctrl-C): every rank finishes its step and saves; started
 again it resumes every partition where that checkpoint stood.
 """
@@ -101,10 +103,10 @@ class RedisSink:
         self.client, self.name = redis.Redis.from_url(url), name
 
     def write(self, partition, chunk_number, records):
-        pipe = self.client.pipeline(transaction=False)
-        for record in records:
-            pipe.xadd(f"{self.name}:{partition}", {"record": record})
-        pipe.execute()
+        from shardrec.rank_runtime import pack_records
+
+        # One entry for the chunk: a record an entry costs the broker and the trainer an entry's work each.
+        self.client.xadd(f"{self.name}:{partition}", {"records": pack_records(records)})
 
 
 class DirectorySink:
@@ -239,21 +241,23 @@ def demo(args):
                                   "--admit-after", str(args.admit_after), "--evict-every", str(args.evict_every),
                                   "--keep", str(args.keep)], env=env, stdout=subprocess.PIPE, text=True)
         produced_text = producer.communicate()[0]
+        trained = trained_records(model, os.path.join(work, "events") if server is None else None,
+                                  None if server is None else (server.url, args.name))
     finally:
         if server is not None:
             server.stop()
     sys.stdout.write(trainer.stdout)
     produced = int(produced_text.split()[1]) if produced_text.startswith("PRODUCED") else -1
-    trained = trained_records(model, os.path.join(work, "events") if args.source == "directory" else None)
     kept = sorted(n for n in os.listdir(model) if n.startswith("sparse-")) if os.path.isdir(model) else []
     print(f"STREAM-DEMO produced={produced} trained={trained} exit={trainer.returncode} "
           f"checkpoints_kept={len(kept)} ({', '.join(kept)})", flush=True)
     return 0 if trainer.returncode == 0 and produced == trained else 1  # every event trained, once
 
 
-def trained_records(model, events_dir=None):
+def trained_records(model, events_dir=None, stream=None):
     """The records the latest checkpoint of `model` holds, from the stream positions every rank's
-    shard records: a Redis position counts them; a directory's is a file and the records of it."""
+    shard records. A directory's position is a file and the records of it trained; a Redis one
+    (stream: its url and name) the last entry trained and the records of the next one trained."""
     import tensorflow as tf
 
     from shardrec.rank_runtime.formats.sparse_checkpoint import find_shards, read_manifest, sparse_dir
@@ -266,13 +270,27 @@ def trained_records(model, events_dir=None):
     total = 0
     for folder in shards.values():
         for partition, at in read_manifest(folder).stream.partitions.items():
-            if events_dir is None:
-                total += at.offset
+            if stream is not None:
+                total += redis_records_before(*stream, partition, at)
                 continue
             names = sorted(n for n in os.listdir(os.path.join(events_dir, partition)) if not n.startswith("."))
             total += at.offset + sum(count_records(os.path.join(events_dir, partition, n), partition)
                                      for n in names if at.file is not None and n < at.file)
     return total
+
+
+def redis_records_before(url, name, partition, at):
+    """The records of a Redis partition up to a position: its entries to `at.file`, each one record
+    or a packed entry's count, and `at.within` of the next."""
+    import redis
+
+    from shardrec.native import core
+
+    if at.file is None:
+        return at.within
+    entries = redis.Redis.from_url(url).xrange(f"{name}:{partition}", "-", at.file)
+    return at.within + sum(len(core.frame_tfrecords([fields[b"records"]]).starts) if b"records" in fields else 1
+                           for _, fields in entries)
 
 
 def main(argv=None):

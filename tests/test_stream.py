@@ -2,6 +2,7 @@
 checkpoint, and a job killed mid-run and restarted that trains every record exactly once."""
 import glob
 import os
+import re
 import shutil
 import threading
 import time
@@ -15,7 +16,7 @@ from shardrec.launch.redis_server import RedisServer, free_port
 from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
 from shardrec.rank_runtime.formats.sparse_checkpoint import read_manifest
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
-from shardrec.rank_runtime.stream import StreamFileError
+from shardrec.rank_runtime.stream import StreamFileError, pack_records
 from shardrec.rank_runtime.stream.tfrecord_files import count_records
 
 FIELDS = 3
@@ -58,8 +59,10 @@ def produce(root, partitions, files, records, seed=0, only_files=None):
     return ids
 
 
-def publish(url, name, partitions, files, records, seed=0, only_files=None):
-    """The records of produce(), appended to Redis streams name:0 .. name:<partitions - 1>."""
+def publish(url, name, partitions, files, records, seed=0, only_files=None, packs=(1,)):
+    """The records of produce(), appended to Redis streams name:0 .. name:<partitions - 1>: a file's
+    records in entries of packs[0], packs[1], ... records in turn (an entry of one record as
+    `record`, of several packed as `records`)."""
     import redis
 
     by_file, ids = events(partitions, files, records, seed)
@@ -67,10 +70,18 @@ def publish(url, name, partitions, files, records, seed=0, only_files=None):
     for (f, p), serialized in by_file.items():
         if only_files is None or f in only_files:
             pipe = client.pipeline()
-            for record in serialized:
-                pipe.xadd(f"{name}:{p}", {"record": record})
+            for entry in _entries(serialized, packs):
+                pipe.xadd(f"{name}:{p}", {"record": entry[0]} if len(entry) == 1 else {"records": pack_records(entry)})
             pipe.execute()
     return ids
+
+
+def _entries(records, packs):
+    out, at, turn = [], 0, 0
+    while at < len(records):
+        out.append(records[at:at + packs[turn % len(packs)]])
+        at, turn = at + len(out[-1]), turn + 1
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +132,10 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     """4 partitions, 2 ranks, batches of 8: 3 files of 24 records a partition are 18 steps. Rank 1
     is SIGKILLed after step 7 (checkpoints every 5 steps: the latest is step 5, and tf.data had
     read ahead of it); the restarted job resumes from step 5 and ends with the tables, bit for
-    bit, of a job that was never stopped, having trained each record once. The same records from a
-    directory of files (SGD), and from Redis streams in blocks of 16 entries (lazy Adam)."""
+    bit, of a job that was never stopped, having trained each record once; so does the job under
+    the supervisor with rank 1 killed inside its save of step 10. The same records from a
+    directory of files (SGD), and from Redis streams (lazy Adam) in blocks of 16 entries of 5, 1, 7
+    and 4 records in turn, so that the save cuts a packed entry."""
     if source == "directory":
         stream = tmp_path / "stream"
         ids = produce(stream, 4, 3, 24)
@@ -132,10 +145,10 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
         import redis
 
         url, name = request.getfixturevalue("broker").url, tmp_path.name
-        ids = publish(url, name, 4, 3, 24)
+        ids = publish(url, name, 4, 3, 24, packs=(5, 1, 7, 4))
         where = ["--stream", name, "--broker", url]
         client = redis.Redis.from_url(url)
-        ends = {str(p): PartitionPosition(client.xrevrange(f"{name}:{p}", count=1)[0][0].decode(), 72)
+        ends = {str(p): PartitionPosition(client.xrevrange(f"{name}:{p}", count=1)[0][0].decode(), 3 * 7)
                 for p in range(4)}
     common = [*where, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2, "--access-threshold", 3,
               "--optimizer", "sgd" if source == "directory" else "lazy_adam"]
@@ -149,8 +162,11 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     shutil.copytree(tmp_path / "resumed", tmp_path / "resized")
     (tmp_path / "resized" / "checkpoint").write_text('model_checkpoint_path: "model-5"\n'
                                                     'all_model_checkpoint_paths: "model-5"\n')
+    if source == "redis":  # the save of step 5 cut a packed entry of a partition
+        assert any(pos.within for pos in _counted(tmp_path / "resized")[2].values())
     check(mpiexec(2, "stream_job.py", *common, "--tag", "resumed", "--model", tmp_path / "resumed", timeout=240))
     check(mpiexec(1, "stream_job.py", *common, "--tag", "resized", "--model", tmp_path / "resized", timeout=240))
+    midsave = _killed_in_save_under_the_supervisor(tmp_path, common)
     straight, keys, values = _load(tmp_path, "straight", 2)
     resumed, resumed_keys, resumed_values = _load(tmp_path, "resumed", 2)
     assert [int(p["step"]) for p in straight] == [18, 18] == [int(p["step"]) for p in resumed]
@@ -162,10 +178,14 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     np.testing.assert_array_equal(resumed_keys, keys)
     np.testing.assert_array_equal(resumed_values, values)
     np.testing.assert_array_equal(resumed[0]["w"], straight[0]["w"])
+    _, midsave_keys, midsave_values = _load(tmp_path, "midsave", 2)
+    np.testing.assert_array_equal(midsave_keys, keys)
+    np.testing.assert_array_equal(midsave_values, values)
+    assert [int(p["step"]) for p in midsave] == [18, 18]
     [resized] = [np.load(tmp_path / "resized-rank0-of1.npz")]
     assert int(resized["records"]) == len(ids) - 5 * 8 * 2 and int(resized["step"]) == 5 + 26
     np.testing.assert_array_equal(np.sort(resized["keys"]), keys)
-    for model, ranks in (("straight", 2), ("resumed", 2), ("resized", 1)):
+    for model, ranks in (("straight", 2), ("resumed", 2), ("resized", 1), ("midsave", 2)):
         final = tf.train.latest_checkpoint(str(tmp_path / model))
         # Admission's counts: every key counted as often as the stream holds it, no batch twice.
         [ckpt] = find_checkpoints(final)
@@ -179,6 +199,26 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
                                              f"rank-{r}-of-{ranks}")) for r in range(ranks)]
         positions = {p: pos for m in shards for p, pos in m.stream.partitions.items()}
         assert positions == ends, (model, positions)
+
+
+def _killed_in_save_under_the_supervisor(tmp_path, common):
+    """The job under shardrec-run, rank 1 SIGKILLing itself inside its save of step 10 (its arrays
+    written, its manifest not): the supervisor restarts it from step 5, and it ends with exit 0.
+    Returns the ranks' outputs."""
+    import sys
+
+    from mpi_helpers import JOBS
+    from supervisor_helpers import shardrec_run
+
+    model = tmp_path / "midsave"
+    proc = shardrec_run("-np", 2, "--checkpoint-dir", model, "--run-dir", tmp_path / "midsave-run",
+                        "--restart-delay", 1, "--", sys.executable, os.path.join(JOBS, "stream_job.py"), *common,
+                        "--tag", "midsave", "--model", model, "--die-in-save", 10, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert (tmp_path / "midsave-run" / "attempt-1").exists() and not (tmp_path / "midsave-run" / "attempt-2").exists()
+    assert re.search(r"restarting the job in 1 s \(attempt 1 of \d+\) from \S+model-5 \(step 5\)", proc.stderr), \
+        proc.stderr[-5000:]
+    return [np.load(tmp_path / f"midsave-rank{r}-of2.npz") for r in range(2)]
 
 
 def _reader(stream, positions, resume=None):
@@ -214,10 +254,10 @@ def test_a_broker_entry_without_the_record_or_trimmed_before_training_is_named(b
     client, name = redis.Redis.from_url(broker.url), tmp_path.name
     first = client.xadd(f"{name}:0", {"record": b"a"}).decode()
     bad = client.xadd(f"{name}:0", {"payload": b"b"}).decode()
-    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.2, poll_s=0.05, block_records=4)
+    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.2, poll_s=0.05, block_entries=4)
     blocks = _reader(stream, {"0": PartitionPosition(None, 0)})
     with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0' has no field "
-                                              r"'record' \(it has \['payload'\]\)"):
+                                              r"'record' or 'records' \(it has \['payload'\]\)"):
         next(blocks)
     # Both entries trimmed away, of which one was never trained: refused, before anything is read.
     client.xtrim(f"{name}:0", maxlen=0)
@@ -226,6 +266,37 @@ def test_a_broker_entry_without_the_record_or_trimmed_before_training_is_named(b
         next(_reader(stream, {"0": PartitionPosition(first, 1)}))
     # Trained to its end, then trimmed (retention after a checkpoint): nothing to read, no error.
     assert list(_reader(stream, {"0": PartitionPosition(bad, 2)})) == []
+
+
+def _read_all(blocks):
+    return [bytes(joined[s:s + n]) for joined, starts, lengths in blocks for s, n in zip(starts, lengths)]
+
+
+def test_packed_entries_resume_after_any_record_and_a_bad_one_is_named(broker, tmp_path):
+    """Entries of 5, 1, 7, 3 and 4 records (one of them a single `record`), read in blocks of 2
+    entries: cut after any of the 20 records, the position the cursor gives resumes with exactly
+    the records after it. A packed entry that is not TFRecord framing stops the reader, named."""
+    import redis
+
+    from shardrec.rank_runtime.stream import RedisStream
+
+    client, name = redis.Redis.from_url(broker.url), tmp_path.name
+    records = [f"record {i}".encode() * (i % 3 + 1) for i in range(20)]
+    for entry in _entries(records, (5, 1, 7, 3, 4)):
+        client.xadd(f"{name}:0", {"record": entry[0]} if len(entry) == 1 else {"records": pack_records(entry)})
+    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.05, poll_s=0.02, block_entries=2)
+    assert _read_all(_reader(stream, {"0": PartitionPosition(None, 0)})) == records
+    for k in range(21):
+        assert _read_all(_reader(stream, {"0": PartitionPosition(None, 0)})) == records  # hands out every entry
+        if k:
+            stream.cursor.batch_exchanged(k)
+        at = stream.cursor.latest()["0"]
+        assert (at.within > 0) == (k not in (0, 5, 6, 13, 16, 20)), (k, at)  # inside an entry, or at its end
+        assert _read_all(_reader(stream, {"0": at}, "0")) == records[k:], (k, at)
+    bad = client.xadd(f"{name}:0", {"records": pack_records([b"fine"]) + b"not TFRecord framing"}).decode()
+    with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0': record 1 at "
+                                              r"byte 20 of its 'records' field: the CRC of its length does not match"):
+        _read_all(_reader(stream, {"0": at}))
 
 
 def test_a_broker_that_does_not_answer_at_start_is_named(tmp_path):
@@ -290,6 +361,14 @@ def _counted(model):
     return keys[order], counts[order], positions, int(final.rsplit("-", 1)[1])
 
 
+def _sorted_rows(model):
+    """Every array of table emb in the latest checkpoint of `model` (rows, slots, counts), by key."""
+    [ckpt] = find_checkpoints(tf.train.latest_checkpoint(str(model)))
+    rows = table_rows(ckpt, "emb")
+    by_key, by_pending = np.argsort(rows["keys"]), np.argsort(rows["pending_keys"])
+    return {name: array[by_pending if name.startswith("pending") else by_key] for name, array in rows.items()}
+
+
 def _ids_up_to(ids_by_file, positions, files, directory):
     """The ids of the records before each partition's position: what the checkpoint trained."""
     taken = []
@@ -330,8 +409,9 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
     stood); two slots again (it saves, stops and goes on on 2); more data is produced; once the
     stream has nothing new, SIGTERM: every rank finishes its step, saves, and the supervisor exits
     0. The final checkpoint's admission counts are exactly the occurrences of every key in the
-    records before its positions, and those positions hold at least every record of the first
-    data."""
+    records before its positions, those positions hold at least every record of the first data,
+    and its tables equal, bit for bit, those of a job that trained the same records on as many
+    ranks for the same steps without being killed (SGD from the directory, lazy Adam from Redis)."""
     import signal
     import subprocess
     import sys
@@ -352,11 +432,12 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
         where, more = ["--stream", name, "--broker", url], lambda: publish(url, name, 4, 5, 24, only_files={3, 4})
     model, out, run = tmp_path / "model", tmp_path / "out", tmp_path / "run"
     out.mkdir()
+    optimizer = ["--optimizer", "sgd" if source == "directory" else "lazy_adam"]
     script, listing = discovery(tmp_path, "localhost:2\n")
     cmd = [RUN, "-np", 2, "--checkpoint-dir", model, "--run-dir", run, "--restart-delay", 1, *elastic_args(script),
            "--", sys.executable, os.path.join(JOBS, "stream_job.py"), *where, "--partitions", 4, "--out", out,
            "--tag", "end", "--model", model, "--every", 5, "--die-at", 7, "--idle", 0, "--step-delay", 0.3,
-           "--access-threshold", 3]
+           "--access-threshold", 3, *optimizer]
     port = free_port()
     proc = subprocess.Popen(list(map(str, cmd)), env=run_env(SHARDREC_METRICS_PORT=str(port)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -387,27 +468,21 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
     final = [np.load(out / f"end-rank{r}-of2.npz") for r in range(2)]
     assert [int(f["step"]) for f in final] == [step, step]
     assert len(find_checkpoints(str(model))) <= 3  # Saver(max_to_keep=3), across every attempt
-
-
-def test_a_job_killed_mid_save_resumes_from_the_save_before_and_trains_every_record_once(tmp_path):
-    """Rank 1 of a 2-rank job SIGKILLs itself inside its save of step 10 (its arrays written, its
-    manifest not): the restarted job resumes from step 5 and, at its end, every key was counted
-    once per occurrence and every partition was read to its end."""
-    stream, model = tmp_path / "stream", tmp_path / "model"
-    ids = produce(stream, 4, 3, 24)
-    common = ["--stream", stream, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2,
-              "--access-threshold", 3, "--model", model]
-    killed = mpiexec(2, "stream_job.py", *common, "--tag", "killed", "--die-in-save", 10, timeout=240)
-    assert killed.returncode != 0 and not (model / "sparse-model-10").exists(), killed.stderr[-3000:]
-    assert tf.train.latest_checkpoint(str(model)).endswith("model-5")
-    proc = check(mpiexec(2, "stream_job.py", *common, "--tag", "resumed", timeout=240))
-    assert "resumes at step 5" in proc.stderr, proc.stderr[-8000:]
-    keys, counts, positions, step = _counted(model)
-    seen, times = np.unique(ids, return_counts=True)
-    np.testing.assert_array_equal(keys, seen)
-    np.testing.assert_array_equal(counts, times)
-    assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
-    assert step == 18
+    # The same records trained without a kill, by as many ranks for the same steps (2 ranks to step
+    # 5, 1 to the step the grow saved, 2 to the end): the same tables and dense part, bit for bit.
+    grown = int(started(run, 2)[2].rsplit("-", 1)[1])
+    for ranks, stop in ((2, 5), (1, grown), (2, step)):
+        check(mpiexec(ranks, "stream_job.py", *where, "--partitions", 4, "--out", out, "--tag", "reference",
+                      "--model", tmp_path / "reference", "--every", 5, "--idle", 2, "--access-threshold", 3,
+                      "--stop-at", stop, *optimizer, timeout=240))
+    reference = [np.load(out / f"reference-rank{r}-of2.npz") for r in range(2)]
+    assert [int(r["step"]) for r in reference] == [step, step]
+    np.testing.assert_array_equal(final[0]["w"], reference[0]["w"])
+    # The checkpoints (the ranks' own tables hold rows tf.data looked up ahead of the last step).
+    got, want = _sorted_rows(model), _sorted_rows(tmp_path / "reference")
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def _scrape(port):

@@ -1,10 +1,14 @@
 """Where a stream's partitions stood at a checkpoint's step, as types (no TensorFlow, no MPI).
 
-A partition is a log of files read in the order of their names. Its position is the file the
-training had reached and how many of its records were trained: every file named before `file` is
-done. A shard's manifest holds the positions of the partitions its rank read, and which of them
-held the batch cut by the save (`resume`), so that a restore into the same ranks goes on exactly
-where the job stood; a restore into other ranks hands every partition to its new owner.
+A partition of a directory is a log of files read in the order of their names: its position is
+the file the training had reached and how many of its records were trained, every file named
+before `file` done. A partition of a broker is a log of entries of one record or of several (a
+packed entry): its position is the id of the last entry trained to its end (`file`), how many
+entries were (`offset`), and how many records of the entry after it were (`within`).
+
+A shard's manifest holds the positions of the partitions its rank read, and which of them held
+the batch cut by the save (`resume`), so that a restore into the same ranks goes on exactly where
+the job stood; a restore into other ranks hands every partition to its new owner.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -15,18 +19,26 @@ from .array_files import CheckpointError
 @dataclass(frozen=True)
 class PartitionPosition:
     file: Optional[str]  # None: nothing of the partition read yet
-    offset: int  # records of `file` trained
+    offset: int  # records of `file` trained (a directory); entries trained (a broker)
+    within: int = 0  # a broker: records of the entry after `file` trained (a save cut a packed entry)
 
     def to_json(self) -> dict:
-        return {"file": self.file, "offset": self.offset}
+        out = {"file": self.file, "offset": self.offset}
+        if self.within:
+            out["within"] = self.within
+        return out
 
     @classmethod
     def from_json(cls, raw, where: str) -> "PartitionPosition":
-        if not isinstance(raw, dict) or not isinstance(raw.get("file"), (str, type(None))) or \
-                not isinstance(raw.get("offset"), int) or isinstance(raw.get("offset"), bool) or raw["offset"] < 0:
-            raise CheckpointError(f"{where}: a stream position is {{'file': name or null, 'offset': records >= 0}}, "
-                                  f"got {raw!r}")
-        return cls(raw["file"], raw["offset"])
+        def count(name):
+            value = raw.get(name, 0)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+        if not isinstance(raw, dict) or not isinstance(raw.get("file"), (str, type(None))) or "offset" not in raw or \
+                count("offset") is None or count("within") is None:
+            raise CheckpointError(f"{where}: a stream position is {{'file': name or null, 'offset': count >= 0, "
+                                  f"optionally 'within': records >= 0}}, got {raw!r}")
+        return cls(raw["file"], raw["offset"], raw.get("within", 0))
 
 
 @dataclass(frozen=True)

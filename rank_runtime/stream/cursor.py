@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
+import numpy as np
+
 from ..formats.stream_positions import PartitionPosition, StreamPositions
 
 HISTORY = 1024  # batches kept: far more than any prefetch reads ahead
@@ -24,18 +26,31 @@ class _Slice:
     file: str
     first: int  # the record of `file` it starts at
     records: int
-    # A broker's slice (redis_streams.py): the entry ids of its records, and the partition's count
-    # of records before it. Its position after k of them is (ids[k - 1], base + k): the last
-    # entry trained, and how many the partition has trained in all.
-    ids: Optional[Sequence[bytes]] = None
-    base: int = 0
     taken: int = 0
+    entries: Optional["_Entries"] = None  # a broker's slice
 
     def position(self) -> PartitionPosition:
-        if self.ids is None:
+        if self.entries is None:
             return PartitionPosition(self.file, self.first)
-        last = self.ids[self.taken - 1]
-        return PartitionPosition(last.decode() if isinstance(last, bytes) else last, self.base + self.taken)
+        return self.entries.position(self.taken)
+
+
+class _Entries:
+    """A broker's slice (redis_streams.py): its entries' ids and record counts, where the partition
+    stood before it (the last entry done, how many entries were, and how many records of the first
+    entry of the slice were trained before it)."""
+
+    def __init__(self, ids: Sequence[bytes], counts: np.ndarray, before: PartitionPosition):
+        self.ids, self.before = ids, before
+        self.ends = np.cumsum(counts)  # records of the slice up to the end of each entry
+
+    def position(self, taken: int) -> PartitionPosition:
+        done = int(np.searchsorted(self.ends, taken, side="right"))  # entries trained to their end
+        if not done:
+            return PartitionPosition(self.before.file, self.before.offset, self.before.within + taken)
+        last = self.ids[done - 1]
+        return PartitionPosition(last.decode() if isinstance(last, bytes) else last, self.before.offset + done,
+                                 taken - int(self.ends[done - 1]))
 
 
 class StreamCursor:
@@ -54,10 +69,12 @@ class StreamCursor:
         with self._lock:
             self._handed.append(_Slice(partition, file, first, records))
 
-    def handed_entries(self, partition: str, ids: Sequence[bytes], base: int) -> None:
-        """A broker's entries (their ids), `base` records of the partition before them."""
+    def handed_entries(self, partition: str, ids: Sequence[bytes], counts: np.ndarray,
+                       before: PartitionPosition) -> None:
+        """A broker's entries: their ids, the records of each handed out (the first's without those
+        trained before), and the partition's position before them."""
         with self._lock:
-            self._handed.append(_Slice(partition, "", 0, len(ids), ids, base))
+            self._handed.append(_Slice(partition, "", 0, int(counts.sum()), entries=_Entries(ids, counts, before)))
 
     def batch_exchanged(self, samples: int) -> None:
         with self._lock:

@@ -24,6 +24,18 @@ WAIT_LOG_S = 30.0  # a waiting reader says so this often
 log = get_logger("shardrec.stream")
 
 
+def _own_threads() -> tf.data.Options:
+    """The input pipeline's own thread pool. The reader waits for data inside tf.data (a
+    from_generator call that sleeps or blocks on the broker); on the session's inter-op pool, one
+    thread on a rank of one core (host_defaults.py), that wait would hold the only thread, and the
+    batches already read would not train until new data came (a pinned 2-rank job hung so)."""
+    import psutil
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = max(2, len(psutil.Process().cpu_affinity()))
+    return options
+
+
 @dataclass(frozen=True)
 class PartitionLag:
     """Where training stands in a partition: records it took, records not taken yet, and the
@@ -62,7 +74,7 @@ class PartitionedStream:
         STATE.stream = self
         resize.stop_on_sigterm()
         metrics.start_progress_lines()
-        return self._records()
+        return self._records().with_options(_own_threads())
 
     def restore(self, positions: Dict[str, PartitionPosition], resume: Optional[str], step: int) -> None:
         """Starts this rank's partitions at a checkpoint's positions (Saver.restore calls it).

@@ -25,3 +25,12 @@ def count_records(path: str, partition: str) -> int:
     raise StreamFileError(f"stream partition {partition!r}: {path}: record {counted.records} at byte "
                           f"{counted.bad_offset} says {counted.bad_length} bytes, past the file's end ({counted.size} "
                           "bytes): the file is cut short or not TFRecord")
+
+
+def pack_records(records) -> bytes:
+    """The bytes of a TFRecord file that holds `records` (a sequence of bytes): what a producer
+    appends to a Redis stream as one packed entry (XADD <name>:<p> * records <these bytes>), or
+    writes to a directory stream as a file. The same bytes as tf.io.TFRecordWriter writes."""
+    from ...native import core as native_core
+
+    return native_core.pack_tfrecords(records)

@@ -10,7 +10,8 @@ itself after the step that makes the global step STEP (a rank lost mid-run; unde
 the first attempt only). --idle 0: the stream waits for data for ever (the job runs until it is
 stopped). --step-delay S: a pause after every step, for tests that act on a running job.
 --die-in-save STEP: rank 1 SIGKILLs itself inside its save of STEP, its arrays written and its
-manifest not (in the first attempt only). Writes
+manifest not (in the first attempt only). --stop-at STEP: the job saves and ends at STEP, as a
+resize does (a phase of a reference run). Writes
 DIR/T-rank<r>-of<N>.npz: the table's keys, values (and slots) and access counts, the final step,
 and the records this process trained.
 """
@@ -60,6 +61,7 @@ def main():
     p.add_argument("--idle", type=float, default=3.0)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--die-in-save", type=int)
+    p.add_argument("--stop-at", type=int, help="save and end after the step that makes the global step this")
     p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
     args = p.parse_args()
 
@@ -73,7 +75,7 @@ def main():
         die_in_save(f"model-{args.die_in_save}")
     if args.broker:
         stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05,
-                             block_records=16)
+                             block_entries=16)
     else:
         stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05)
     spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
@@ -113,6 +115,8 @@ def main():
             time.sleep(args.step_delay)
             if args.die_at == at and rank == 1 and first_attempt:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.stop_at == at:
+                break
             if at % args.every == 0:
                 saver.save(sess, os.path.join(args.model, "model"), global_step=at)
         saver.save(sess, os.path.join(args.model, "model"), global_step=at)

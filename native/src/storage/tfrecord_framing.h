@@ -2,6 +2,8 @@
 // length, its 4-byte CRC, the data, the data's 4-byte CRC), for the directory stream
 // (rank_runtime/stream/tfrecord_files.py), which counts every file it hands to tf.data. Headers are
 // read through a 1 MiB window, so a file of small records costs a read per MiB, not one per record.
+// The same framing in memory (frame_tfrecords: a Redis stream's packed entries, the bytes of a
+// TFRecord file each) is split into its records' data, both CRCs of every record checked.
 #pragma once
 
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "storage/array_file.h"
+#include "storage/crc32c.h"
 
 namespace shardrec {
 
@@ -66,6 +69,82 @@ inline TFRecordCount count_tfrecords(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+struct FramedRecords {
+  std::vector<int64_t> starts, lengths;  // each record's data: where it starts in the blobs joined, its bytes
+  std::vector<int64_t> counts;           // records of each blob
+  int64_t bad_blob = -1;                 // the first blob whose framing is wrong (-1: none)
+  int64_t bad_offset = -1;               // the byte of that blob where its record `counts[bad_blob]` starts
+  std::string bad_reason;
+};
+
+// One blob's records appended to `out`, its first byte at `base` of the blobs joined; false (with
+// the reason) at the first record whose framing or CRC is wrong.
+inline bool frame_blob(const char* p, int64_t size, int64_t base, FramedRecords& out, int64_t& at,
+                       std::string& why) {
+  constexpr int64_t kFrame = 8 + 4 + 4;
+  int64_t records = 0;
+  at = 0;
+  while (at < size) {
+    if (size - at < 12) {
+      why = "its header is cut short (" + std::to_string(size - at) + " bytes left)";
+      break;
+    }
+    uint64_t length;
+    uint32_t length_crc, data_crc;
+    std::memcpy(&length, p + at, 8);
+    std::memcpy(&length_crc, p + at + 8, 4);
+    if (masked_crc32c(p + at, 8) != length_crc) {
+      why = "the CRC of its length does not match (not TFRecord framing)";
+      break;
+    }
+    if (length > static_cast<uint64_t>(size - at - kFrame)) {
+      why = "it says " + std::to_string(length) + " bytes, past the entry's end (" + std::to_string(size) + " bytes)";
+      break;
+    }
+    std::memcpy(&data_crc, p + at + 12 + static_cast<int64_t>(length), 4);
+    if (masked_crc32c(p + at + 12, length) != data_crc) {
+      why = "the CRC of its data does not match";
+      break;
+    }
+    out.starts.push_back(base + at + 12);
+    out.lengths.push_back(static_cast<int64_t>(length));
+    ++records;
+    at += kFrame + static_cast<int64_t>(length);
+  }
+  out.counts.push_back(records);
+  return at == size;
+}
+
+inline FramedRecords frame_tfrecords(const std::vector<std::pair<const char*, int64_t>>& blobs) {
+  FramedRecords out;
+  out.counts.reserve(blobs.size());
+  int64_t base = 0;
+  for (size_t b = 0; b < blobs.size(); ++b) {
+    int64_t at;
+    if (!frame_blob(blobs[b].first, blobs[b].second, base, out, at, out.bad_reason)) {
+      out.bad_blob = static_cast<int64_t>(b);
+      out.bad_offset = at;
+      break;
+    }
+    base += blobs[b].second;
+  }
+  return out;
+}
+
+// TFRecord framing of `records`, into `dst` (16 bytes more than each record's data).
+inline void pack_tfrecords(const std::vector<std::pair<const char*, int64_t>>& records, char* dst) {
+  for (const auto& [data, n] : records) {
+    const uint64_t length = static_cast<uint64_t>(n);
+    std::memcpy(dst, &length, 8);
+    const uint32_t length_crc = masked_crc32c(dst, 8);
+    std::memcpy(dst + 8, &length_crc, 4);
+    std::memcpy(dst + 12, data, static_cast<size_t>(n));
+    const uint32_t data_crc = masked_crc32c(data, static_cast<size_t>(n));
+    std::memcpy(dst + 12 + n, &data_crc, 4);
+    dst += 16 + n;
+  }
 }
 
 }  // namespace shardrec
