@@ -37,6 +37,17 @@ native = Pybind11Extension(
     libraries=["z"],  # zlib's CRC-32 of checkpoint files written natively (array_file.h)
 )
 
+# TFRecord framing alone, without MPI: producers and scripts that are not ranks import it
+# (native/src/bindings/framing_module.cpp).
+framing = Pybind11Extension(
+    "shardrec.native.framing",
+    sources=["native/src/bindings/framing_module.cpp"],
+    include_dirs=["native/src"],
+    cxx_std=17,
+    extra_compile_args=["-O3"] + isa_flags(),
+    libraries=["z"],
+)
+
 
 
 def tensorflow_flags():
@@ -62,4 +73,4 @@ tf_ops = Extension(
     extra_link_args=tf_link + mpicxx_flags("link"),
 )
 
-setup(ext_modules=[native, tf_ops], cmdclass={"build_ext": build_ext})
+setup(ext_modules=[native, framing, tf_ops], cmdclass={"build_ext": build_ext})

@@ -284,12 +284,12 @@ def redis_records_before(url, name, partition, at):
     or a packed entry's count, and `at.within` of the next."""
     import redis
 
-    from shardrec.native import core
+    from shardrec.native import framing
 
     if at.file is None:
         return at.within
     entries = redis.Redis.from_url(url).xrange(f"{name}:{partition}", "-", at.file)
-    return at.within + sum(len(core.frame_tfrecords([fields[b"records"]]).starts) if b"records" in fields else 1
+    return at.within + sum(len(framing.frame_tfrecords([fields[b"records"]]).starts) if b"records" in fields else 1
                            for _, fields in entries)
 
 

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from ...native import framing
 from ..formats.stream_positions import PartitionPosition
 from ..process.logs import get_logger
 from ..validation import check_int, check_number
@@ -270,9 +271,7 @@ class RedisStream(PartitionedStream):
         return pack_records([record])
 
     def _framed(self, partition: str, ids, blobs):
-        from ...native import core as native_core
-
-        framed = native_core.frame_tfrecords(blobs)
+        framed = framing.frame_tfrecords(blobs)
         if framed.bad_blob >= 0:
             bad = framed.bad_blob
             raise StreamFileError(

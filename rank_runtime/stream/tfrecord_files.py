@@ -2,9 +2,11 @@
 length, its 4-byte CRC, the data, the data's 4-byte CRC). The stream's positions are record
 counts, so every file is counted when it is handed to tf.data; a file whose framing does not add
 up to its size (cut short, or not TFRecord) is refused by name and offset before any of it is
-trained. The CRCs themselves are checked by TensorFlow's reader as it reads. The count is the
-native core's (storage/tfrecord_framing.h): a Python loop over the records cost the directory
-stream a tenth of its samples/s (bench/README.md)."""
+trained. The CRCs themselves are checked by TensorFlow's reader as it reads. The count is native
+(storage/tfrecord_framing.h, in the framing module, which links no MPI, so that producers and
+scripts may use it): a Python loop over the records cost the directory stream a tenth of its
+samples/s (bench/README.md)."""
+from ...native import framing
 
 
 class StreamFileError(ValueError):
@@ -12,9 +14,7 @@ class StreamFileError(ValueError):
 
 
 def count_records(path: str, partition: str) -> int:
-    from ...native import core as native_core
-
-    counted = native_core.count_tfrecords(path)
+    counted = framing.count_tfrecords(path)
     if counted.bad_offset < 0:
         return counted.records
     if counted.bad_length < 0:
@@ -31,6 +31,4 @@ def pack_records(records) -> bytes:
     """The bytes of a TFRecord file that holds `records` (a sequence of bytes): what a producer
     appends to a Redis stream as one packed entry (XADD <name>:<p> * records <these bytes>), or
     writes to a directory stream as a file. The same bytes as tf.io.TFRecordWriter writes."""
-    from ...native import core as native_core
-
-    return native_core.pack_tfrecords(records)
+    return framing.pack_tfrecords(records)
