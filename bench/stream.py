@@ -12,7 +12,7 @@ machine's drift):
   files      tf.data.TFRecordDataset over the partitions' files, read once (the baseline)
   directory  DirectoryStream over the same files
   redis      RedisStream over the same records in a Redis server of this machine's own, a record an entry
-  redis-packed  the same, 256 records an entry (pack_records), as a producer that batches writes
+  redis-packed  the same, --pack records an entry (pack_records), as a producer that batches writes
   metrics    files, with the Prometheus endpoint on and this process scraping it every second
 Each reports samples/s and CPU seconds per 1000 samples (process time, all threads) over its
 steady steps; the metrics run also times its own costs alone (CPU per batch of the counters, per
@@ -38,7 +38,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 CONFIGS = ("files", "directory", "redis", "redis-packed", "metrics")
-PACK = 256  # records a packed Redis entry in the rounds
 WARMUP_STEPS = 10
 
 
@@ -48,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pack", type=int, default=256, help="records a packed Redis entry holds (redis-packed)")
     p.add_argument("--live-s", type=float, default=30.0)
     p.add_argument("--child", choices=CONFIGS + ("live", "live-directory"), help=argparse.SUPPRESS)
     p.add_argument("--only-live", choices=("directory", "redis", "redis-packed"),
@@ -177,7 +177,7 @@ def records(count, seed=0):
     return out
 
 
-def write(root, broker_url, name, serialized, partitions, per_file=10_000):
+def write(root, broker_url, name, serialized, partitions, pack, per_file=10_000):
     import redis
     import tensorflow as tf
 
@@ -196,8 +196,8 @@ def write(root, broker_url, name, serialized, partitions, per_file=10_000):
             for record in mine[start:start + 5000]:
                 pipe.xadd(f"{name}:{p}", {"record": record})
             pipe.execute()
-        for start in range(0, len(mine), PACK):
-            client.xadd(f"{name}-packed:{p}", {"records": pack_records(mine[start:start + PACK])})
+        for start in range(0, len(mine), pack):
+            client.xadd(f"{name}-packed:{p}", {"records": pack_records(mine[start:start + pack])})
 
 
 def run_child(args, config, data, url, name="bench", port=0, on_ready=None):
@@ -372,7 +372,7 @@ def main(argv=None):
                     root if args.only_live == "directory" else server.url, producer, serialized, args.speed)}),
                     flush=True)
                 return
-            write(os.path.join(work, "events"), server.url, "bench", serialized, args.partitions)
+            write(os.path.join(work, "events"), server.url, "bench", serialized, args.partitions, args.pack)
             if args.only_readers:
                 print(json.dumps({"readers": readers(args, os.path.join(work, "events"), server.url)}), flush=True)
                 return
