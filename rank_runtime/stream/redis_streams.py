@@ -21,11 +21,11 @@ Reading order is a function of the data alone while the data is there: the parti
 block from each, so that a job restored into the same ranks builds the batches of a job that
 never stopped. A block is a packed entry, or `block_entries` entries of a record each, aligned to
 the partition's count of entries: a packed entry is to a partition what a file is to a
-directory's, and a partition with a backlog does not hold the turn for block_entries of them. With nothing new
-anywhere the reader waits on the broker (XREAD BLOCK); after idle_timeout_s of that (None: never)
-its data ends, which every rank learns in the same exchange round. A broker that goes away is
-waited for (and logged): reading goes on from the same entry when it answers again, and the time
-it was away does not count as idle.
+directory's, and a partition with a backlog does not hold the turn for block_entries of them.
+With nothing new anywhere the reader waits on the broker (XREAD BLOCK); after idle_timeout_s of
+that (None: never) its data ends, which every rank learns in the same exchange round. A broker
+that goes away is waited for (and logged): reading goes on from the same entry when it answers
+again, and the time it was away does not count as idle.
 """
 import time
 from typing import Optional
@@ -218,10 +218,11 @@ class RedisStream(PartitionedStream):
         """The entries up to the first packed one (the end of a block): their ids (bytes: decoded
         only where a position needs one), their records (bytes joined, starts, lengths) without
         those of the first entry trained before (at.within), the records of each entry handed out,
-        and whether the last is packed. With hiredis (installed with the project) redis-py
-        parses the reply in C: about 2.4 us an entry here, against 11 us in Python (bench/README.md)."""
+        and whether the last is packed (has no `field`). hiredis (installed with the project) parses
+        the reply in C, and redis-py's dict an entry is skipped (_unchanged)."""
         field = self.field
-        single = [fields[1] if len(fields) == 2 and fields[0] == field else None for _, fields in entries]
+        single = [fields[1] if len(fields) == 2 and fields[0] == field else _named(fields).get(field)
+                  for _, fields in entries]
         if None in single:  # a packed entry ends its block: the entries after it wait for the next turn
             entries = entries[:single.index(None) + 1]
             single = single[:len(entries)]
