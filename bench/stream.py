@@ -21,7 +21,8 @@ producer here appends to Redis at 80% of the redis-packed rounds' median speed f
 seconds while a job trains from it with the endpoint on (a packed entry a partition every 0.1 s),
 the same a record an entry at 80% of the redis rounds' speed, and the same with a directory
 stream (a file a partition every 0.1 s, at 80% of the directory rounds' speed); the endpoint's
-lag is read every half second. Prints one JSON line.
+lag is read every half second. Prints one JSON line. BENCH_KEEP_LOGS=1 keeps each job's log
+(/tmp/shardrec-bench-<config>-*.log), which is otherwise read only when the job fails.
 """
 import argparse
 import json
