@@ -293,6 +293,9 @@ def test_packed_entries_resume_after_any_record_and_a_bad_one_is_named(broker, t
         at = stream.cursor.latest()["0"]
         assert (at.within > 0) == (k not in (0, 5, 6, 13, 16, 20)), (k, at)  # inside an entry, or at its end
         assert _read_all(_reader(stream, {"0": at}, "0")) == records[k:], (k, at)
+    # A position inside the first entry (5 records) that says 5 of them were trained: not this stream.
+    with pytest.raises(StreamFileError, match=r"holds 5 records, but 5 of them were trained: the entry changed"):
+        _read_all(_reader(stream, {"0": PartitionPosition(None, 0, 5)}, "0"))
     bad = client.xadd(f"{name}:0", {"records": pack_records([b"fine"]) + b"not TFRecord framing"}).decode()
     with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0': record 1 at "
                                               r"byte 20 of its 'records' field: the CRC of its length does not match"):

@@ -16,6 +16,7 @@ namespace py = pybind11;
 
 namespace {
 
+// As py_arrays.h's, which this module cannot include: that header brings in mpi4py and the exchange.
 template <typename T>
 py::array_t<T> to_numpy(const std::vector<T>& v) {
   py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
