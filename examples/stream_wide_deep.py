@@ -1,13 +1,16 @@
 """Online training: the Wide&Deep model learning from a stream of events as they arrive.
 
-    python examples/stream_wide_deep.py demo [--seconds 60] [--rate 2000] [--source redis|directory]
+    python examples/stream_wide_deep.py demo [--seconds 60] [--rate 2000] [--source redis|directory] [--serve]
 
 runs all of it on this machine (`make stream-demo`): a Redis server of its own (or a directory),
 a producer writing click events (criteo_synth's data with event times, the popular ids drifting
 every --drift-s seconds), and the training job on 2 ranks under shardrec-run, which prints its
 throughput and lag as it goes, saves full checkpoints and deltas on the guide's timers, evicts ids
 not seen for --evict-after seconds of event time, keeps --keep checkpoints, and ends (saving) once
-the stream has been idle for --idle seconds after the producer stops.
+the stream has been idle for --idle seconds after the producer stops. With --serve, shardrec-serve
+serves the model from its first checkpoint on, following every delta, and a client prints the click
+probability of an event with an id that the producer starts sending (as clicks) once the client has
+its first answer (examples/serve_while_training.py): the prediction moves as the stream teaches the model.
 
 The two halves on their own, for a stream of your own:
 
@@ -64,6 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--admit-after", type=int, default=1, help="train: events of an id before it gets a row")
     p.add_argument("--keep", type=int, default=3, help="train: checkpoints kept (max_to_keep)")
     p.add_argument("--work", default="stream-demo", help="demo: its folder (broker data, events, model, logs)")
+    p.add_argument("--serve", action="store_true", help="demo: also serve the model while it trains "
+                   "(shardrec-serve, examples/serve_while_training.py) and show a new id's prediction change")
+    p.add_argument("--new-id-from", metavar="FILE", help="produce: once FILE exists, a quarter of the events "
+                   "carry a new id, as clicks (demo --serve: once the client has its first answer)")
     return p.parse_args(argv)
 
 
@@ -127,12 +134,19 @@ class DirectorySink:
 
 def produce(args):
     """Writes --rate events a second for --seconds, in chunks of half a second, the same number to
-    every partition; prints how many."""
+    every partition; prints how many. With --new-id-from, the --seconds count from when that file
+    appears (the demo's client had its first answer; at most 10 minutes are waited for it)."""
     sink = DirectorySink(args.directory) if args.directory else RedisSink(args.broker, args.name)
     per_chunk = max(args.partitions, int(args.rate / 2) // args.partitions * args.partitions)
     start, written, number = time.time(), 0, 0
-    while time.time() - start < args.seconds:
+    new_id_since = None if args.new_id_from else start
+    while time.time() - (new_id_since or start) < (args.seconds if new_id_since else 600):
         data, ts = events(args, np.arange(written, written + per_chunk), int((time.time() - start) // args.drift_s))
+        if args.new_id_from is not None and os.path.exists(args.new_id_from):
+            from serve_while_training import with_new_id
+
+            new_id_since = new_id_since or time.time()
+            data = with_new_id(data)
         records = serialize(data, ts)
         for p in range(args.partitions):
             sink.write(p, number, records[p::args.partitions])
@@ -229,24 +243,33 @@ def demo(args):
     run = os.path.join(os.path.dirname(sys.executable), "shardrec-run")
     env = dict(os.environ, SHARDREC_PROGRESS_S=os.environ.get("SHARDREC_PROGRESS_S", "5"))
     try:
+        new_id = ["--new-id-from", os.path.join(work, "new-id")] if args.serve else []
         producer = subprocess.Popen([*me, "produce", *where, *common, "--seconds", str(args.seconds),
-                                     "--rate", str(args.rate), "--drift-s", str(args.drift_s)],
+                                     "--rate", str(args.rate), "--drift-s", str(args.drift_s), *new_id],
                                     stdout=subprocess.PIPE, text=True)
         print(f"[demo] producing {args.rate:.0f} events/s for {args.seconds:.0f} s into {args.partitions} "
               "partitions; training on 2 ranks (progress lines: samples/s and each partition's lag)", flush=True)
-        trainer = subprocess.run([run, "-np", "2", "--checkpoint-dir", model, "--run-dir", os.path.join(work, "run"),
-                                  "--", *me, "train", *where, *common, "--model-dir", model,
-                                  "--batch-size", str(args.batch_size), "--idle", str(args.idle),
-                                  "--incremental", args.incremental, "--evict-after", str(args.evict_after),
-                                  "--admit-after", str(args.admit_after), "--evict-every", str(args.evict_every),
-                                  "--keep", str(args.keep)], env=env, stdout=subprocess.PIPE, text=True)
+        trainer = subprocess.Popen([run, "-np", "2", "--checkpoint-dir", model, "--run-dir", os.path.join(work, "run"),
+                                    "--", *me, "train", *where, *common, "--model-dir", model,
+                                    "--batch-size", str(args.batch_size), "--idle", str(args.idle),
+                                    "--incremental", args.incremental, "--evict-after", str(args.evict_after),
+                                    "--admit-after", str(args.admit_after), "--evict-every", str(args.evict_every),
+                                    "--keep", str(args.keep)], env=env, stdout=subprocess.PIPE, text=True)
+        if args.serve:
+            from serve_while_training import serve_until_done
+
+            trainer_out, served = serve_until_done(trainer, model, work, args.seed)
+        else:
+            trainer_out, served = trainer.communicate()[0], None
         produced_text = producer.communicate()[0]
         trained = trained_records(model, os.path.join(work, "events") if server is None else None,
                                   None if server is None else (server.url, args.name))
     finally:
         if server is not None:
             server.stop()
-    sys.stdout.write(trainer.stdout)
+    sys.stdout.write(trainer_out)
+    if served is not None:
+        print(served, flush=True)
     produced = int(produced_text.split()[1]) if produced_text.startswith("PRODUCED") else -1
     kept = sorted(n for n in os.listdir(model) if n.startswith("sparse-")) if os.path.isdir(model) else []
     print(f"STREAM-DEMO produced={produced} trained={trained} exit={trainer.returncode} "

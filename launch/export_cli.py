@@ -2,6 +2,7 @@
 
     shardrec-export CHECKPOINT_OR_MODEL_DIR [PREFIX ...] --out DIR --model-fn FILE.py:NAME (or module:NAME)
                     --feature NAME=DTYPE[SHAPE] [--feature ...] [--params JSON] [--overwrite]
+                    [--versions [--every SECONDS] [--keep K]]
 
 The inference graph is rebuilt from the user's script: NAME is either an Estimator model_fn
 (features, labels, mode, params), called with mode PREDICT and exported with its predictions, or a
@@ -9,6 +10,10 @@ function features -> {output name: tensor} (tf.Session mode). Each --feature dec
 the signature, e.g. `--feature cat=int64[-1,26] --feature dense=float32[-1,13]` (-1: any size).
 Runs on one process without MPI; reads every rank's shard of the newest (or the given) checkpoint; a
 checkpoint saved under a path per rank (seed 001's `model-{rank}`) is given as every rank's prefix.
+--versions: --out is a base of numbered version directories for TF Serving or Triton: the model
+directory's newest checkpoint is written as OUT/<its step> (beside, then moved into place) when it is
+newer than every version there, and versions beyond the newest --keep (default 5) are removed;
+--every SECONDS does that again every SECONDS until SIGTERM or Ctrl-C.
 Exit status: 0 written, 1 when the checkpoint is damaged or the model cannot be built, 2 on bad
 arguments (an --out that exists without --overwrite included).
 """
@@ -86,8 +91,15 @@ def main(argv=None):
     p.add_argument("--feature", action="append", type=_feature, required=True, metavar="NAME=DTYPE[SHAPE]")
     p.add_argument("--params", default="{}", help="JSON object passed as an Estimator model_fn's params")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--versions", action="store_true", help="--out holds numbered versions (OUT/<step>)")
+    p.add_argument("--every", type=float, help="with --versions: seconds between looks for a newer checkpoint")
+    p.add_argument("--keep", type=int, default=5, help="with --versions: the versions kept (default 5)")
     args = p.parse_args(argv)
-    if os.path.exists(args.out) and not args.overwrite:
+    if (args.every is not None or args.keep != 5) and not args.versions or args.keep < 1 or \
+            args.every is not None and args.every <= 0:
+        print("shardrec-export: --every (> 0) and --keep (>= 1) go with --versions", file=sys.stderr)
+        return 2
+    if os.path.exists(args.out) and not args.overwrite and not args.versions:
         print(f"shardrec-export: {args.out} exists; choose a new directory or pass --overwrite", file=sys.stderr)
         return 2
     try:
@@ -106,14 +118,40 @@ def main(argv=None):
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"shardrec-export: {e}", file=sys.stderr)
         return 2
+    errors = (CheckpointError, ValueError, KeyError, TypeError, FileExistsError, tf.errors.OpError)
+    if args.versions:
+        return _versions(args, fn, errors)
     try:
         checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
         summary = export_saved_model(checkpoint, args.out, fn, dict(args.feature), overwrite=args.overwrite)
-    except (CheckpointError, ValueError, KeyError, TypeError, FileExistsError, tf.errors.OpError) as e:
+    except errors as e:
         print(f"shardrec-export: {e}", file=sys.stderr)
         return 1
     print("\n".join(summary.lines()))
     return 0
+
+
+def _versions(args, fn, errors):
+    import signal
+    import time
+
+    from shardrec.rank_runtime.serving.export import export_saved_model
+    from shardrec.rank_runtime.serving.version_dirs import export_new_version
+
+    def export(checkpoint, directory):
+        print("\n".join(export_saved_model(checkpoint, directory, fn, dict(args.feature)).lines()), flush=True)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        try:
+            export_new_version(args.checkpoint[0], args.out, export, args.keep)
+        except errors as e:
+            print(f"shardrec-export: {e}", file=sys.stderr)
+            if args.every is None:
+                return 1
+        if args.every is None:
+            return 0
+        time.sleep(args.every)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
 py=${PYTHON:-python3}
 horovod_version=0.28.1
+tfs_api_version=2.15.1
 # Built wheels are kept outside the clone, keyed by every pin that changes the binary.
 wheel_cache=${SHARDREC_WHEEL_CACHE:-$HOME/.cache/shardrec/wheels}
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
-req_hash=$( (cat "$root/scripts/requirements.txt"; echo "horovod==$horovod_version") | sha256sum | cut -c1-16)
+req_hash=$( (cat "$root/scripts/requirements.txt"; echo "horovod==$horovod_version tfs-api==$tfs_api_version") | sha256sum | cut -c1-16)
 # The machine-wide pip config names index folders that may be missing; their warnings are noise.
 pip_() { "$vpy" -m pip "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
@@ -27,6 +28,9 @@ if [ "$(cat "$venv/.deps-stamp" 2>/dev/null)" != "$req_hash" ]; then
   log "installing pinned dependencies (first run: about 5 minutes)"
   pip_ install -q --upgrade "pip==25.2"
   pip_ install -q -r "$root/scripts/requirements.txt"
+  # TF Serving's API protos, for the tests of shardrec-serve's responses; --no-deps: it names the
+  # full tensorflow package, whose modules tensorflow-cpu provides.
+  pip_ install -q --no-deps "tensorflow-serving-api==$tfs_api_version"
   # "-origin": wheels whose RUNPATH is relative to the installed package (relocate_wheel.py); a
   # wheel cached before that names its builder's venv and is not reused.
   hvd_key="horovod-$horovod_version-$("$vpy" -c 'import tensorflow as t, mpi4py, sys; print(f"tf{t.__version__}-mpi4py{mpi4py.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null)-origin"

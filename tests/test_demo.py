@@ -1,4 +1,5 @@
 """The main job, shortened: it trains, evaluates above the AUC bar on its own data, and saves."""
+import json
 import os
 import re
 import subprocess
@@ -104,3 +105,35 @@ def test_the_stream_demo_trains_every_event_the_producer_wrote_once(tmp_path):
     assert re.search(r"\(a delta on model\.ckpt-\d+\)", proc.stdout), proc.stdout[-3000:]
     evicted = [int(n) for n in re.findall(r"evicted (\d+)", proc.stdout)]
     assert evicted and max(evicted) > 0, proc.stdout[-3000:]
+
+
+def test_the_stream_demo_serves_the_model_while_it_trains_and_a_new_id_s_prediction_moves(tmp_path):
+    """`stream_wide_deep.py demo --serve`, shortened: shardrec-serve follows the 2-rank job from its
+    first checkpoint; the client's prediction for an event with the id the producer starts sending
+    changes as versions arrive, the last version served is the job's final checkpoint, and its
+    prediction equals a fresh load of shardrec-export on that checkpoint."""
+    work = tmp_path / "demo"
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "stream_wide_deep.py"), "demo", "--serve", "--seconds", "25",
+           "--rate", "800", "--idle", "6", "--incremental", "30,2", "--work", str(work)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = re.search(r"SERVE-DEMO versions=(\d+) last_version=(\d+) final_checkpoint=(\d+) new_id_first=(\S+) "
+                      r"new_id_last=(\S+)", proc.stdout)
+    assert found and int(found[1]) >= 3 and found[2] == found[3], proc.stdout[-3000:]
+    first, last = float(found[4]), float(found[5])
+    assert abs(last - first) > 0.01, proc.stdout[-3000:]
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import serve_while_training
+    from serving_helpers import serve
+
+    export = tmp_path / "final"
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "shardrec-export"),
+                           str(work / "model"), "--out", str(export), "--model-fn",
+                           os.path.join(ROOT, "examples", "wide_deep.py:serving_model"),
+                           "--feature", "cat=int64[-1,26]", "--feature", "dense=float32[-1,13]"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    instance = json.loads(serve_while_training.Client("http://unused", 2024, "unused").body)["instances"][0]
+    want = serve(export, {"cat": np.array([instance["cat"]], np.int64),
+                          "dense": np.array([instance["dense"]], np.float32)}, tmp_path)["prob"][0]
+    assert abs(want - last) <= 1e-6, (want, last)

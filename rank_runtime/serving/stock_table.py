@@ -1,13 +1,41 @@
 """What a table becomes in an export graph: stock TensorFlow ops only.
 
 Keys and rows are variables (written to the SavedModel's variables files, never constants in its
-graph, so a table of any size keeps the graph small); a `tf.lookup.StaticHashTable` from key to row
-number is built from the keys variable when the model loads (the SavedModel's main op, which TF
-Serving and `tf.saved_model.load` run after restoring variables). A key with no row reads the last
-row, zeros, as an evaluation lookup in training does; `serving_default_value` replaces it."""
+graph, so a table of any size keeps the graph small). The index from key to row number is a
+`tf.lookup.experimental.MutableHashTable` filled from the keys variable by the SavedModel's main op
+(a table initializer, which TF Serving and `tf.saved_model.load` run after restoring variables); it
+is mutable, not a static table, so that shardrec-serve can apply a delta's rows to a loaded model in
+place. A key with no row reads row `rows`, zeros, as an evaluation lookup in training does;
+`serving_default_value` replaces it. Each table's layout (names of its variables and index) goes
+into the graph's collection LAYOUT_COLLECTION, which the SavedModel keeps, for shardrec-serve."""
+import json
+from dataclasses import asdict, dataclass
+
 import tensorflow as tf
 
 from ..validation import check_type
+
+LAYOUT_COLLECTION = "shardrec_serving_tables"
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where one table lives in an export graph. zero_row: the row that keys without one read (the
+    export's row count); rows of keys added later by shardrec-serve go after it."""
+    name: str
+    dim: int
+    zero_row: int
+    keys: str  # the keys variable's op name (what the main op fills the index from)
+    values: str  # the values variable's op name
+    index: str  # the index's resource handle tensor
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text) -> "TableLayout":
+        fields = json.loads(text.decode() if isinstance(text, bytes) else text)
+        return cls(**{k: fields[k] for k in cls.__dataclass_fields__})
 
 
 class StockTable:
@@ -23,8 +51,12 @@ class StockTable:
             self._values_in = tf.compat.v1.placeholder(tf.float32, [rows + 1, dim], name="values_in")
             self.keys = tf.compat.v1.Variable(self._keys_in, trainable=False, name="keys", use_resource=True)
             self.values = tf.compat.v1.Variable(self._values_in, trainable=False, name="values", use_resource=True)
-            init = tf.lookup.KeyValueTensorInitializer(self.keys.read_value(), tf.range(rows, dtype=tf.int64))
-            self.index = tf.lookup.StaticHashTable(init, default_value=rows, name="index")
+            self.index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=rows,
+                                                                 name="index", checkpoint=False)
+            fill_index = self.index.insert(self.keys.read_value(), tf.range(rows, dtype=tf.int64))
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, fill_index)
+        layout = TableLayout(name, dim, rows, self.keys.op.name, self.values.op.name, self.index.resource_handle.name)
+        tf.compat.v1.add_to_collection(LAYOUT_COLLECTION, layout.to_json())
 
     @property
     def variables(self) -> list:

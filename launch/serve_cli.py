@@ -1,0 +1,92 @@
+"""shardrec-serve: a model server that speaks TF Serving's REST API and follows a training job.
+
+    shardrec-serve SAVED_MODEL [--follow MODEL_DIR] [--model-name NAME] [--port 8501] [--host 127.0.0.1]
+                   [--threads 8] [--max-body-mb 64] [--poll-s 0.5]
+
+SAVED_MODEL: what shardrec-export wrote (its graph and signatures are served). With --follow, the
+rows and dense variables come from MODEL_DIR's newest complete checkpoint, and every later save of
+the job is applied as it is listed (a delta in place, in well under a second; a full save loaded
+beside and swapped in), each as a new version numbered by its step. Without --follow it serves the
+SavedModel's own variables as version 0. Listens on 127.0.0.1 unless --host says otherwise; prints
+`serving NAME on http://HOST:PORT` once it answers. Exit status 2 on bad arguments or a SavedModel
+that cannot be loaded; SIGTERM or Ctrl-C stops it.
+"""
+import argparse
+import os
+import signal
+import sys
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="shardrec-serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("saved_model", help="a SavedModel written by shardrec-export (or Estimator.export_saved_model)")
+    p.add_argument("--follow", metavar="MODEL_DIR", help="a training job's model directory to take versions from")
+    p.add_argument("--model-name", default="model", help="the NAME in /v1/models/NAME (default: model)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this host only)")
+    p.add_argument("--port", type=int, default=8501, help="0: any free port (printed)")
+    p.add_argument("--threads", type=int, default=8, help="requests in flight at once")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="a larger request body gets 413")
+    p.add_argument("--poll-s", type=float, default=0.5, help="seconds between looks at MODEL_DIR's state file")
+    args = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
+        p.error(f"{args.saved_model}: not a SavedModel (no saved_model.pb); write one with shardrec-export")
+    if args.follow is not None and not os.path.isdir(args.follow):
+        p.error(f"--follow {args.follow}: no such directory")
+    if not (0 <= args.port < 65536) or args.threads < 1 or args.max_body_mb <= 0 or args.poll_s <= 0:
+        p.error("--port must be 0..65535, --threads >= 1, --max-body-mb and --poll-s > 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import tensorflow as tf
+
+    from shardrec.rank_runtime.serving.live.follower import Follower, Served
+    from shardrec.rank_runtime.serving.live.http_app import AppSettings, RestApp, make_server
+    from shardrec.rank_runtime.serving.live.model_graph import ModelGraph
+    from shardrec.rank_runtime.serving.live.server_metrics import ServerMetrics
+    from shardrec.rank_runtime.serving.live.versions import ServedVersion, VersionInfo
+
+    try:
+        graph = ModelGraph(args.saved_model)
+    except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
+        print(f"shardrec-serve: {args.saved_model}: cannot load the SavedModel: {e}", file=sys.stderr)
+        return 2
+    served = Served(graph, ServerMetrics())
+    follower = None
+    if args.follow is not None:
+        if not graph.follows_checkpoints:
+            print(f"shardrec-serve: {args.saved_model} was not written by shardrec-export (it has no shardrec "
+                  "tables), so it cannot follow checkpoints; serve it without --follow", file=sys.stderr)
+            return 2
+        follower = Follower(served, args.follow, args.poll_s)
+        if not follower.load_newest():
+            print(f"shardrec-serve: no checkpoint of {args.follow} loads yet; serving starts with the first one",
+                  file=sys.stderr)
+        follower.start()
+    else:
+        session = graph.new_session()
+        graph.load_own_variables(session)
+        served.swap(ServedVersion(graph, session, VersionInfo(0, args.saved_model, None, 0.0, 0.0), {}))
+    app = RestApp(served, AppSettings(args.model_name, int(args.max_body_mb * 2**20)))
+    server = make_server(app, args.host, args.port, args.threads)
+    signal.signal(signal.SIGTERM, _stop)
+    print(f"serving {args.model_name} on http://{args.host}:{server.effective_port}", flush=True)
+    try:
+        server.run()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        if follower is not None:
+            follower.stop()
+        server.close()
+    return 0
+
+
+def _stop(signum, frame):
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""shardrec-serve's figures in Prometheus's text format (prometheus_client), on its /metrics."""
+import prometheus_client as prom
+
+_LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.registry = prom.CollectorRegistry()
+        r = self.registry
+        self.requests = prom.Counter("shardrec_serve_requests", "Requests answered, by endpoint and HTTP status",
+                                     ["endpoint", "code"], registry=r)
+        self.latency = prom.Histogram("shardrec_serve_request_seconds", "Time to answer a predict request",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.version = prom.Gauge("shardrec_serve_model_version", "The version served (its checkpoint's step)",
+                                  registry=r)
+        self.updates = prom.Counter("shardrec_serve_updates", "Checkpoints applied, by how (delta in place, or "
+                                    "a full load)", ["how"], registry=r)
+        self.update_seconds = prom.Histogram("shardrec_serve_update_seconds", "From reading a checkpoint to "
+                                             "serving it", ["how"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.commit_to_served = prom.Histogram("shardrec_serve_commit_to_served_seconds", "From a checkpoint's "
+                                               "commit (its dense part written) to serving it",
+                                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.refused = prom.Counter("shardrec_serve_refused_checkpoints", "Checkpoints not applied (damaged, "
+                                    "incomplete, a broken chain, another model's)", registry=r)
+        self.served_age = prom.Gauge("shardrec_serve_version_committed_timestamp_seconds", "When the version "
+                                     "served was committed by the training job", registry=r)
+
+    def text(self) -> bytes:
+        return prom.generate_latest(self.registry)

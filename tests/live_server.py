@@ -1,0 +1,76 @@
+"""shardrec-serve as a test runs it: the real command in a process of its own, on a free localhost
+port, spoken to over HTTP with `requests` (tests/test_live_serving.py, the demo's test)."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import requests
+
+SERVE = os.path.join(os.path.dirname(sys.executable), "shardrec-serve")
+
+
+class LiveServer:
+    def __init__(self, saved_model, follow=None, *extra, log_path=None):
+        args = [SERVE, str(saved_model), "--port", "0", "--poll-s", "0.1", *map(str, extra)]
+        if follow is not None:
+            args += ["--follow", str(follow)]
+        self.log_path = log_path
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        self.lines = []
+        self.url = None
+        started = time.monotonic()
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("serving "):
+                self.url = line.split(" on ", 1)[1].strip()
+                break
+            assert time.monotonic() - started < 120, "".join(self.lines)
+        assert self.url, "".join(self.lines)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def status(self) -> dict:
+        return requests.get(f"{self.url}/v1/models/model", timeout=10).json()
+
+    def version(self):
+        status = self.status()
+        if "model_version_status" not in status:
+            return None
+        return int(status["model_version_status"][0]["version"])
+
+    def wait_version(self, version, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.version() == version:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"version {version} not served in {timeout} s (serving {self.version()}):\n{self.log}")
+
+    def predict(self, ids, session=None):
+        """(outputs as float arrays, the version that answered) for `ids`, columnar format."""
+        r = (session or requests).post(f"{self.url}/v1/models/model:predict",
+                                       json={"inputs": {"ids": np.asarray(ids).tolist()}}, timeout=30)
+        assert r.status_code == 200, r.text
+        return {k: np.asarray(v, np.float32) for k, v in r.json()["outputs"].items()}, \
+            int(r.headers["X-Model-Version"])
+
+    def stop(self, sig=None):
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.terminate()
+            else:
+                self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+        self._reader.join(timeout=5)

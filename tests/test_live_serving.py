@@ -1,0 +1,408 @@
+"""shardrec-serve following a training job's model directory: every version it serves equals a fresh
+`tf.saved_model.load` of shardrec-export on that version's checkpoint (rows bitwise), whichever world
+size saved it; no request sees part of an update; damaged, incomplete and broken saves are refused by
+name with the version served kept; a restarted server comes back at the newest complete checkpoint;
+TF Serving's REST API and its errors, over real HTTP."""
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+
+from live_server import LiveServer
+from mpi_helpers import check, mpiexec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = (4, 8, 12, 16, 20, 24)
+UNSEEN = [10**12, 10**12 + 1]
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory):
+    """incremental_job's chain f4,d8,d12,f16,d20,d24 (admissions, evictions, lazy Adam) by 1 and 2
+    ranks, and a SavedModel exported from the 2-rank model-4."""
+    root = tmp_path_factory.mktemp("live")
+    out = {}
+    for n in (1, 2):
+        out[n] = str(root / f"chain{n}")
+        check(mpiexec(n, "incremental_job.py", out[n], "train", "--saves", "f4,d8,d12,f16,d20,d24"))
+    out["export"] = _export(os.path.join(out[2], "model-4"), root / "export")
+    return out
+
+
+def _export(checkpoint, out):
+    from live_serving_model import outputs
+    from shardrec.rank_runtime import export_saved_model
+
+    export_saved_model(str(checkpoint), str(out), outputs, {"ids": tf.TensorSpec([None], tf.int64)})
+    return str(out)
+
+
+def _oracle(checkpoint, work, ids):
+    """emb and w of shardrec-export on `checkpoint`, loaded afresh by TensorFlow's SavedModel loader
+    (in a graph and session of its own: the tests run with eager execution off)."""
+    export = _export(checkpoint, os.path.join(str(work), f"oracle-{os.path.basename(checkpoint)}"))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export)
+        signature = meta.signature_def["serving_default"]
+        return sess.run({k: signature.outputs[k].name for k in ("emb", "w", "score")},
+                        {signature.inputs["ids"].name: ids})
+
+
+def _list(model_dir, paths):
+    """What the job's Saver does once every rank committed a save: the state file names it."""
+    tf.compat.v1.train.update_checkpoint_state(str(model_dir), paths[-1], list(paths))
+
+
+def _probe_ids(paths):
+    """Every key that any of the saves holds or counts (so: keys evicted later, and pending ones)."""
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+
+    keys = set()
+    for path in paths:
+        rows = table_rows(find_checkpoints(path)[0], "emb")
+        keys.update(rows["keys"].tolist())
+        keys.update(rows["pending_keys"].tolist())
+    return np.array(sorted(keys) + UNSEEN, np.int64)
+
+
+def _assert_serves(server, checkpoint, ids, work):
+    got, version = server.predict(ids)
+    want = _oracle(checkpoint, work, ids)
+    assert version == int(checkpoint.rsplit("-", 1)[1])
+    np.testing.assert_array_equal(got["emb"], want["emb"], err_msg=f"version {version}: rows")
+    np.testing.assert_array_equal(got["w"], want["w"], err_msg=f"version {version}: dense w")
+    np.testing.assert_allclose(got["score"], want["score"], rtol=0, atol=1e-6, err_msg=f"version {version}: predictions")
+    return got
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
+def test_every_version_equals_a_fresh_export_of_its_checkpoint_across_a_change_of_world_size(
+        chains, tmp_path, first, then):
+    """Saves 4, 8, 12 by `first` ranks, then 16, 20, 24 by `then` ranks (a job resized between them):
+    each delta applied in place, each full save loaded beside and swapped in."""
+    follow = tmp_path / "model"
+    follow.mkdir()
+    paths = []
+    for step in STEPS:
+        source = chains[first if step < 16 else then]
+        for name in (f"model-{step}.index", f"model-{step}.data-00000-of-00001", f"model-{step}.meta",
+                     f"sparse-model-{step}"):
+            copy = shutil.copytree if name.startswith("sparse") else shutil.copy
+            copy(os.path.join(source, name), follow / name)
+        paths.append(str(follow / f"model-{step}"))
+    ids = _probe_ids(paths)
+    _list(follow, paths[:1])
+    server = LiveServer(chains["export"], follow)
+    try:
+        seen = []
+        for i, path in enumerate(paths):
+            _list(follow, paths[:i + 1])
+            server.wait_version(STEPS[i])
+            got = _assert_serves(server, path, ids, tmp_path)
+            seen.append(got["emb"])
+        log = server.log
+    finally:
+        server.stop()
+    assert "a delta applied in place" in log and "loaded whole" in log, log
+    # The probe set has keys that gained, lost (evicted) and never had a row between versions.
+    rows = np.stack(seen)
+    zero = ~rows.any(axis=2)
+    assert (zero[0] & ~zero[-1]).any() and (~zero[0] & zero[-1]).any() and zero[:, -2:].all()
+
+
+def _rows_at(model_dir, step, ids):
+    """The rows of `ids` (zeros for keys without one) and w in the job's checkpoint of `step`."""
+    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
+
+    path = os.path.join(str(model_dir), f"model-{step}")
+    rows = table_rows(find_checkpoints(path)[0], "emb")
+    by_key = dict(zip(rows["keys"].tolist(), rows["values"]))
+    zero = np.zeros(rows["values"].shape[1], np.float32)
+    return np.stack([by_key.get(k, zero) for k in ids.tolist()]), tf.train.load_variable(path, "w")
+
+
+class _Clients:
+    """Threads that send predict requests until stopped, each response kept with its version;
+    connection errors (the server restarting) counted, not kept."""
+
+    def __init__(self, url_of, ids, threads=3):
+        self.url_of, self.ids, self.responses, self.refused = url_of, ids, [], 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self):
+        session = requests.Session()
+        body = {"inputs": {"ids": self.ids.tolist()}}
+        while not self._stop.is_set():
+            try:
+                r = session.post(f"{self.url_of()}/v1/models/model:predict", json=body, timeout=30)
+            except requests.ConnectionError:
+                self.refused += 1
+                time.sleep(0.05)
+                continue
+            if r.status_code == 200:
+                out = r.json()["outputs"]
+                self.responses.append((int(r.headers["X-Model-Version"]), np.asarray(out["emb"], np.float32),
+                                       np.asarray(out["w"], np.float32)))
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+
+def _job(model, *extra):
+    """every_row_job.py on one rank, in the background (mpi_helpers.mpiexec waits for its end)."""
+    import subprocess
+
+    from mpi_helpers import JOBS
+
+    launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return subprocess.Popen([launcher, "--oversubscribe", "-np", "1", sys.executable,
+                             os.path.join(JOBS, "every_row_job.py"), str(model), "--steps", "40", "--keys", "2000",
+                             *map(str, extra)], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_listed(model, step, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = tf.train.latest_checkpoint(str(model))
+        if latest and int(latest.rsplit("-", 1)[1]) >= step:
+            return
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not listed in {timeout} s")
+
+
+def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_server_killed(tmp_path):
+    """A job adds 1 to every row and to the dense weight at each step and saves a delta of it, while
+    the server follows and three clients send requests. The job dies inside its save of step 12 (the
+    server goes on serving 11) and is restarted (12 is a full save then, applied beside and swapped
+    in); the server is SIGKILLed and restarted while deltas keep coming. Every response equals its
+    version's checkpoint exactly: all rows and w of one version, never a mix."""
+    from live_serving_model import every_row_outputs
+    from shardrec.launch.redis_server import free_port
+    from shardrec.rank_runtime import export_saved_model
+
+    model = tmp_path / "model"
+    first = _job(model, "--pause", "0.8", "--die-in-save", "12")
+    _wait_listed(model, 1, first)
+    export_saved_model(str(model / "model-1"), str(tmp_path / "export"), every_row_outputs,
+                       {"ids": tf.TensorSpec([None], tf.int64)})
+    ids = (np.arange(0, 2000, 5, dtype=np.int64) * 7919 + 11)
+    port = free_port()
+    servers = [LiveServer(tmp_path / "export", model, "--port", port)]
+    clients = _Clients(lambda: servers[-1].url, ids)
+    second = None
+    try:
+        first_out = first.communicate(timeout=300)[0]
+        assert first.returncode != 0 and os.path.isdir(model / ".sparse-model-12.saving"), first_out
+        time.sleep(1.0)
+        assert servers[0].version() == 11, servers[0].log  # the save killed midway is never served
+        second = _job(model, "--pause", "0.3")
+        servers[0].wait_version(20, timeout=120)
+        servers[0].stop(signal.SIGKILL)
+        servers.append(LiveServer(tmp_path / "export", model, "--port", port))
+        assert servers[-1].version() >= 20
+        servers[-1].wait_version(40, timeout=120)
+        time.sleep(0.5)
+    finally:
+        clients.stop()
+        out = second.communicate(timeout=120)[0] if second is not None else ""
+        for server in servers:
+            server.stop()
+    assert second.returncode == 0, out
+    versions = sorted({v for v, _, _ in clients.responses})
+    assert len(clients.responses) >= 1000 and len(versions) >= 25, (len(clients.responses), versions)
+    assert versions[0] <= 11 and 11 in versions, versions
+    expected = {v: _rows_at(model, v, ids) for v in versions}
+    for v in versions[1:]:  # each delta changed every row and w by exactly 1
+        if v - 1 in expected:
+            np.testing.assert_allclose(expected[v][0] - expected[v - 1][0], 1.0, atol=1e-5)
+    torn = [v for v, emb, w in clients.responses
+            if not (np.array_equal(emb, expected[v][0]) and np.array_equal(w, expected[v][1]))]
+    assert not torn, f"{len(torn)} of {len(clients.responses)} responses mix versions: {torn[:10]}"
+    print(f"{len(clients.responses)} responses over versions {versions[0]}..{versions[-1]}, none torn; "
+          f"{clients.refused} refused connections while the server restarted")
+    assert "loaded whole" in servers[0].log and "a delta applied in place" in servers[-1].log
+
+
+def _flip_byte(path, at_end=16):
+    with open(path, "r+b") as f:
+        f.seek(-at_end, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-at_end, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _refused(server) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "shardrec_serve_refused_checkpoints_total")
+
+
+def test_damaged_broken_and_incomplete_saves_are_refused_by_name_and_a_restart_serves_the_newest_complete(
+        chains, tmp_path):
+    """A flipped byte in delta 8: refused (the file named), and delta 12 with it (its chain is broken);
+    the version served stays 4 and exact until the full save 16. A listed save with a rank's shard
+    missing: refused; a server started afresh serves the newest complete one."""
+    model = tmp_path / "model"
+    shutil.copytree(chains[2], model)
+    _flip_byte(model / "sparse-model-8" / "rank-0-of-2" / "emb" / "values.npy")
+    paths = [str(model / f"model-{s}") for s in STEPS]
+    ids = _probe_ids([os.path.join(chains[2], f"model-{s}") for s in STEPS])
+    _list(model, paths[:1])
+    server = LiveServer(chains["export"], model)
+    try:
+        server.wait_version(4)
+        for i, refused in ((1, 1), (2, 2)):
+            _list(model, paths[:i + 1])
+            deadline = time.monotonic() + 30
+            while _refused(server) < refused and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _refused(server) == refused and server.version() == 4, server.log
+        _assert_serves(server, paths[0], ids, tmp_path)
+        _list(model, paths[:4])
+        server.wait_version(16)
+        _assert_serves(server, paths[3], ids, tmp_path)
+    finally:
+        server.stop()
+    assert "checkpoint " + paths[1] + " is not served" in server.log and "values.npy" in server.log, server.log
+    assert "checkpoint " + paths[2] + " is not served" in server.log and "Still serving version 4" in server.log
+    # A save listed with rank 1's shard missing (a copy of 24 as 28), after a complete 24.
+    for suffix in (".index", ".data-00000-of-00001", ".meta"):
+        shutil.copy(f"{paths[-1]}{suffix}", model / f"model-28{suffix}")
+    shutil.copytree(model / "sparse-model-24", model / "sparse-model-28")
+    shutil.rmtree(model / "sparse-model-28" / "rank-1-of-2")
+    _list(model, paths + [str(model / "model-28")])
+    restarted = LiveServer(chains["export"], model)
+    try:
+        assert restarted.version() == 24, restarted.log
+        _assert_serves(restarted, paths[-1], ids, tmp_path)
+    finally:
+        restarted.stop()
+    assert "model-28 is not served" in restarted.log and "rank(s) [1] of 2 are missing" in restarted.log, \
+        restarted.log
+
+
+def _tf_serving_api_reads(status, meta, export):
+    """The status and metadata responses read into tensorflow-serving-api's own messages, as a TF
+    Serving client does: the version state, and the signatures equal to the SavedModel's."""
+    from google.protobuf import json_format
+    from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
+
+    parsed = json_format.ParseDict(status, get_model_status_pb2.GetModelStatusResponse(), ignore_unknown_fields=True)
+    assert parsed.model_version_status[0].version == 0
+    assert parsed.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    signatures = json_format.ParseDict(meta["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap())
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        saved = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export).signature_def
+    assert signatures.signature_def["serving_default"] == saved["serving_default"]
+
+
+def _predict_request_of_tf_serving_api(ids) -> dict:
+    """A PredictRequest as a gRPC client of TF Serving builds it, sent in the REST API's columnar form."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "model", "serving_default"
+    request.inputs["ids"].CopyFrom(tf.make_tensor_proto(ids, tf.int64))
+    return {"signature_name": request.model_spec.signature_name,
+            "inputs": {name: tf.make_ndarray(proto).tolist() for name, proto in request.inputs.items()}}
+
+
+def _post(server, body, path="/v1/models/model:predict", raw=False):
+    data = body if raw else None
+    return requests.post(f"{server.url}{path}", data=data, json=None if raw else body, timeout=30)
+
+
+def test_tf_serving_s_rest_api_its_formats_and_its_errors(chains, tmp_path):
+    """Status, metadata, the row and columnar formats; and bad requests answered with TF Serving's
+    status and {"error": ...} naming what was wrong, never a stack trace."""
+    server = LiveServer(chains["export"], None, "--max-body-mb", "0.01")
+    try:
+        status = server.status()
+        assert status["model_version_status"] == [{"version": "0", "state": "AVAILABLE",
+                                                   "status": {"error_code": "OK", "error_message": ""}}]
+        meta = requests.get(f"{server.url}/v1/models/model/metadata", timeout=10).json()
+        signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert signature["inputs"]["ids"]["dtype"] == "DT_INT64" and set(signature["outputs"]) == {"emb", "score", "w"}
+        _tf_serving_api_reads(status, meta, chains["export"])
+        ids = _probe_ids([os.path.join(chains[2], "model-4")])[:5]
+        columnar, version = server.predict(ids)
+        assert version == 0
+        request = _predict_request_of_tf_serving_api(ids)
+        rebuilt = requests.post(f"{server.url}/v1/models/model:predict", json=request, timeout=30)
+        np.testing.assert_array_equal(np.asarray(rebuilt.json()["outputs"]["emb"], np.float32), columnar["emb"])
+        want = _oracle(os.path.join(chains[2], "model-4"), tmp_path, ids)
+        np.testing.assert_array_equal(columnar["emb"], want["emb"])
+        rows = _post(server, {"instances": ids.tolist(), "signature_name": "serving_default"})
+        assert rows.status_code == 400 and "inconsistent batch sizes" in rows.json()["error"]  # w has no batch
+        bad = {
+            (404, "Servable not found"): ({"instances": [1]}, "/v1/models/other:predict"),
+            (404, "Specific(model, 7)"): ({"instances": [1]}, "/v1/models/model/versions/7:predict"),
+            (404, "\"nope\" not found"): ({"signature_name": "nope", "instances": [1]}, None),
+            (400, "JSON Parse error"): (b"{not json", None),
+            (400, "Missing 'inputs' or 'instances'"): ({"signature_name": "serving_default"}, None),
+            (400, "expects int64, got a non-integer"): ({"inputs": {"ids": [1.5, 2]}}, None),
+            (400, "expects int64 numbers"): ({"inputs": {"ids": ["a"]}}, None),
+            (400, "shape [2, 1] does not match the signature's [-1]"): ({"inputs": {"ids": [[1], [2]]}}, None),
+            (400, "not a rectangular array"): ({"inputs": {"ids": [[1], [2, 3]]}}, None),
+            (400, "alias(es) ['x'] not found"): ({"inputs": {"ids": [1], "x": [2]}}, None),
+            (400, "input(s) ['ids'] of signature 'serving_default' missing"): ({"inputs": {}}, None),
+            (413, "over the limit of 10485"): ({"inputs": {"ids": list(range(5000))}}, None),
+            (400, "classify is not supported"): ({"instances": [1]}, "/v1/models/model:classify"),
+            (404, "Malformed request"): ({}, "/v2/whatever"),
+        }
+        for (code, message), (body, path) in bad.items():
+            r = _post(server, body, path or "/v1/models/model:predict", raw=isinstance(body, bytes))
+            assert r.status_code == code and message in r.json()["error"], (code, message, r.status_code, r.text)
+            assert "Traceback" not in r.text
+        with open(os.path.join(str(tmp_path), "x"), "w"):
+            pass
+        files = _post(server, {"inputs": {"ids": [1]}}, f"/v1/models/{tmp_path}/x:predict")
+        assert files.status_code == 404
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log, server.log
+
+
+def test_numbered_version_directories_for_tf_serving_follow_the_job_and_keep_the_newest(chains, tmp_path):
+    """shardrec-export --versions: the newest checkpoint as BASE/<step> when it is new, nothing when
+    it is not, and only the newest --keep versions left; each one the export of its checkpoint."""
+    import subprocess
+
+    model, base = tmp_path / "model", tmp_path / "versions"
+    shutil.copytree(chains[2], model)
+    paths = [str(model / f"model-{s}") for s in STEPS]
+    cli = [os.path.join(os.path.dirname(sys.executable), "shardrec-export"), str(model), "--out", str(base),
+           "--versions", "--keep", "2", "--model-fn", os.path.join(HERE, "live_serving_model.py:outputs"),
+           "--feature", "ids=int64[-1]"]
+    ids = _probe_ids(paths)
+    seen = []
+    for upto in (2, 2, 3, 4):
+        _list(model, paths[:upto])
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        seen.append(sorted(os.listdir(base)))
+    assert seen == [["8"], ["8"], ["12", "8"], ["12", "16"]], seen
+    for step in (12, 16):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], str(base / str(step)))
+            signature = meta.signature_def["serving_default"]
+            emb = sess.run(signature.outputs["emb"].name, {signature.inputs["ids"].name: ids})
+        np.testing.assert_array_equal(emb, _oracle(paths[STEPS.index(step)], tmp_path, ids)["emb"])
+    bad = subprocess.run(cli[:-4] + ["--keep", "0"] + cli[-4:], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--keep (>= 1)" in bad.stderr, bad.stderr
