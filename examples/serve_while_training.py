@@ -86,7 +86,7 @@ class Client(threading.Thread):
                 continue
             at = time.time() - self.started
             if not self.seen or self.seen[-1][1] != version:
-                print(f"[client] {at:5.1f} s: version {version} predicts {prob:.4f} for an event with the new id",
+                print(f"[client] {at:5.1f} s: version {version} predicts {prob:.7f} for an event with the new id",
                       flush=True)
             self.seen.append((at, version, prob))
             if not os.path.exists(self.new_id_flag):

@@ -57,8 +57,9 @@ def main(argv=None):
     follower = None
     if args.follow is not None:
         if not graph.follows_checkpoints:
-            print(f"shardrec-serve: {args.saved_model} was not written by shardrec-export (it has no shardrec "
-                  "tables), so it cannot follow checkpoints; serve it without --follow", file=sys.stderr)
+            print(f"shardrec-serve: {args.saved_model} has no shardrec tables' layout (it was not written by "
+                  "shardrec-export, or by one older than shardrec-serve), so it cannot follow checkpoints: export "
+                  "it again with shardrec-export, or serve it without --follow", file=sys.stderr)
             return 2
         follower = Follower(served, args.follow, args.poll_s)
         if not follower.load_newest():

@@ -110,11 +110,14 @@ def test_the_stream_demo_trains_every_event_the_producer_wrote_once(tmp_path):
 def test_the_stream_demo_serves_the_model_while_it_trains_and_a_new_id_s_prediction_moves(tmp_path):
     """`stream_wide_deep.py demo --serve`, shortened: shardrec-serve follows the 2-rank job from its
     first checkpoint; the client's prediction for an event with the id the producer starts sending
-    changes as versions arrive, the last version served is the job's final checkpoint, and its
-    prediction equals a fresh load of shardrec-export on that checkpoint."""
+    changes as versions arrive, the last version served is the job's final checkpoint, and the
+    prediction of every version the client saw equals a fresh load of shardrec-export on that
+    version's checkpoint (abs 1e-6)."""
+    import tensorflow as tf
+
     work = tmp_path / "demo"
     cmd = [sys.executable, os.path.join(ROOT, "examples", "stream_wide_deep.py"), "demo", "--serve", "--seconds", "25",
-           "--rate", "800", "--idle", "6", "--incremental", "30,2", "--work", str(work)]
+           "--rate", "800", "--idle", "6", "--incremental", "30,2", "--keep", "1000", "--work", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     found = re.search(r"SERVE-DEMO versions=(\d+) last_version=(\d+) final_checkpoint=(\d+) new_id_first=(\S+) "
@@ -122,18 +125,22 @@ def test_the_stream_demo_serves_the_model_while_it_trains_and_a_new_id_s_predict
     assert found and int(found[1]) >= 3 and found[2] == found[3], proc.stdout[-3000:]
     first, last = float(found[4]), float(found[5])
     assert abs(last - first) > 0.01, proc.stdout[-3000:]
+    seen = {int(v): float(p) for v, p in re.findall(r"\[client\] +[\d.]+ s: version (\d+) predicts ([\d.]+)",
+                                                    proc.stdout)}
+    assert len(seen) >= 3, proc.stdout[-3000:]
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import serve_while_training
-    from serving_helpers import serve
+    import wide_deep
+    from shardrec.rank_runtime import export_saved_model
 
-    export = tmp_path / "final"
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "shardrec-export"),
-                           str(work / "model"), "--out", str(export), "--model-fn",
-                           os.path.join(ROOT, "examples", "wide_deep.py:serving_model"),
-                           "--feature", "cat=int64[-1,26]", "--feature", "dense=float32[-1,13]"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
     instance = json.loads(serve_while_training.Client("http://unused", 2024, "unused").body)["instances"][0]
-    want = serve(export, {"cat": np.array([instance["cat"]], np.int64),
-                          "dense": np.array([instance["dense"]], np.float32)}, tmp_path)["prob"][0]
-    assert abs(want - last) <= 1e-6, (want, last)
+    feeds = {"cat": np.array([instance["cat"]], np.int64), "dense": np.array([instance["dense"]], np.float32)}
+    inputs = {"cat": tf.TensorSpec([None, 26], tf.int64), "dense": tf.TensorSpec([None, 13], tf.float32)}
+    for version, prob in sorted(seen.items()):
+        export = str(tmp_path / f"v{version}")
+        export_saved_model(str(work / "model" / f"model.ckpt-{version}"), export, wide_deep.serving_model, inputs)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            signature = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export).signature_def[
+                "serving_default"]
+            want = sess.run(signature.outputs["prob"].name, {signature.inputs[k].name: v for k, v in feeds.items()})
+        assert abs(float(want[0]) - prob) <= 1e-6, (version, float(want[0]), prob)

@@ -348,6 +348,9 @@ def test_tf_serving_s_rest_api_its_formats_and_its_errors(chains, tmp_path):
         np.testing.assert_array_equal(np.asarray(rebuilt.json()["outputs"]["emb"], np.float32), columnar["emb"])
         want = _oracle(os.path.join(chains[2], "model-4"), tmp_path, ids)
         np.testing.assert_array_equal(columnar["emb"], want["emb"])
+        pinned = _post(server, {"inputs": {"ids": ids.tolist()}}, "/v1/models/model/versions/0:predict")
+        assert pinned.status_code == 200 and pinned.headers["X-Model-Version"] == "0"
+        np.testing.assert_array_equal(np.asarray(pinned.json()["outputs"]["emb"], np.float32), columnar["emb"])
         rows = _post(server, {"instances": ids.tolist(), "signature_name": "serving_default"})
         assert rows.status_code == 400 and "inconsistent batch sizes" in rows.json()["error"]  # w has no batch
         bad = {
@@ -406,3 +409,25 @@ def test_numbered_version_directories_for_tf_serving_follow_the_job_and_keep_the
         np.testing.assert_array_equal(emb, _oracle(paths[STEPS.index(step)], tmp_path, ids)["emb"])
     bad = subprocess.run(cli[:-4] + ["--keep", "0"] + cli[-4:], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--keep (>= 1)" in bad.stderr, bad.stderr
+
+
+def test_bad_arguments_are_named_before_anything_is_served(chains, tmp_path):
+    """No SavedModel, a --follow that is not a directory, and a SavedModel that shardrec-export did
+    not write asked to follow a job: exit status 2, the cause named."""
+    import subprocess
+
+    from live_server import SERVE
+
+    plain = str(tmp_path / "plain")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        builder = tf.compat.v1.saved_model.Builder(plain)
+        builder.add_meta_graph_and_variables(sess, [tf.saved_model.SERVING], signature_def_map={
+            "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": x * 2})})
+        builder.save()
+    cases = [([str(tmp_path / "none")], "not a SavedModel (no saved_model.pb)"),
+             ([chains["export"], "--follow", str(tmp_path / "none")], "--follow"),
+             ([plain, "--follow", chains[2]], "has no shardrec tables' layout")]
+    for args, message in cases:
+        done = subprocess.run([SERVE, *args, "--port", "0"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, (args, done.returncode, done.stderr[-2000:])

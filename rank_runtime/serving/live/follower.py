@@ -50,11 +50,11 @@ class Served:
 
     def swap(self, version: ServedVersion) -> None:
         old, self.current = self.current, version
-        self._served(version.info)
+        self.record_served(version.info)
         if old is not None:
             old.retire()
 
-    def _served(self, info: VersionInfo) -> None:
+    def record_served(self, info: VersionInfo) -> None:
         self.metrics.version.set(info.number)
         self.metrics.served_age.set(info.committed_at)
         self.metrics.commit_to_served.observe(max(0.0, info.served_at - info.committed_at))
@@ -114,7 +114,7 @@ class Follower(threading.Thread):
             link = link_of(path)
             if in_place and version is not None and not version.damaged and builds_on(link, version):
                 info, how = apply_delta(version, link), "delta"
-                self.served._served(info)
+                self.served.record_served(info)
             else:
                 loaded, how = load_version(self.served.graph, path), "full"
                 self.served.swap(loaded)

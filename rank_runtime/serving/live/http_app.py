@@ -79,14 +79,14 @@ class RestApp:
         if rest == ":predict":
             if method != "POST":
                 raise RestError(405, "predict takes POST")
-            return ("predict",) + self._predict(_body(environ, self.settings.max_body_bytes))
+            return ("predict",) + self._predict(_body(environ, self.settings.max_body_bytes), name, version)
         if method != "GET":
             raise RestError(405, f"{path} takes GET")
         if rest == "/metadata":
             return "metadata", 200, self._metadata(name, info.number), []
         return "status", 200, _status(info), []
 
-    def _predict(self, body: bytes) -> tuple:
+    def _predict(self, body: bytes, name: str, version) -> tuple:
         signatures = self.served.graph.signatures
         request = parse_predict(body, signatures)
         signature = signatures[request.signature]
@@ -98,6 +98,9 @@ class RestApp:
             raise RestError(503, "no version is loaded; try again") from None
         except tf.errors.InvalidArgumentError as e:
             raise RestError(400, e.message) from None
+        if version is not None and int(version) != info.number:  # replaced while the request waited
+            raise RestError(404, f"Servable not found for request: Specific({name}, {version}); version "
+                                 f"{info.number} is served")
         return 200, encode_predict(outputs, request.row_format), [(VERSION_HEADER, str(info.number))]
 
     def _metadata(self, name, number) -> dict:
