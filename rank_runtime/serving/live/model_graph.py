@@ -57,7 +57,6 @@ class ModelGraph:
     """The graph of the SavedModel at `export_dir`, finalized once the update ops are added."""
 
     def __init__(self, export_dir: str, tags=(tf.saved_model.SERVING,)):
-        self.export_dir = export_dir
         self.graph = tf.Graph()
         loader = loader_impl.SavedModelLoader(export_dir)
         meta = loader.get_meta_graph_def_from_tags(list(tags))
@@ -72,7 +71,7 @@ class ModelGraph:
                 if v.op.name not in table_vars:
                     value = tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
                     self.dense[v.op.name] = (value, tf.compat.v1.assign(v, value))
-        self.signatures = {name: _signature(name, sig, self.graph) for name, sig in meta.signature_def.items()}
+        self.signatures = {name: _signature(name, sig) for name, sig in meta.signature_def.items()}
         self.graph.finalize()
 
     @property
@@ -93,12 +92,12 @@ class ModelGraph:
         return sess.run(ops.find, {ops.find_keys: keys})
 
 
-def _spec(alias, info, graph) -> TensorSpecOf:
+def _spec(alias, info) -> TensorSpecOf:
     shape = None if info.tensor_shape.unknown_rank else tuple(
         None if d.size < 0 else d.size for d in info.tensor_shape.dim)
     return TensorSpecOf(alias, info.name, tf.as_dtype(info.dtype), shape)
 
 
-def _signature(name, sig, graph) -> Signature:
-    return Signature(name, {a: _spec(a, i, graph) for a, i in sorted(sig.inputs.items())},
-                     {a: _spec(a, i, graph) for a, i in sorted(sig.outputs.items())}, sig)
+def _signature(name, sig) -> Signature:
+    return Signature(name, {a: _spec(a, i) for a, i in sorted(sig.inputs.items())},
+                     {a: _spec(a, i) for a, i in sorted(sig.outputs.items())}, sig)
