@@ -56,12 +56,20 @@ def _c_library():
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.shardrec_comm_register.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     lib.shardrec_comm_register.restype = ctypes.c_int
+    lib.shardrec_exchange_bytes_sent.argtypes = [ctypes.c_char_p]
+    lib.shardrec_exchange_bytes_sent.restype = ctypes.c_int64
     return lib
 
 
 def register_comm(exchange: str, handle: int) -> None:
     """The row exchange kernels named `exchange` use the communicator whose Fortran handle is `handle`."""
     _c_library().shardrec_comm_register(exchange.encode(), handle)
+
+
+def exchange_bytes_sent(exchange: str) -> int:
+    """Bytes the row exchange named `exchange` (RowExchangeName.rows or .gradients) sent to other
+    ranks in this process so far."""
+    return int(_c_library().shardrec_exchange_bytes_sent(exchange.encode()))
 
 
 def register_store(store) -> None:
@@ -122,3 +130,20 @@ def row_gather(rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
 def _row_gather_grad(op, grad):
     rows, index = op.inputs
     return load().shardrec_row_gather_grad(grad, index, tf.shape(rows, out_type=tf.int32)[0]), None
+
+
+
+def pooled_sum(rows: tf.Tensor, index, segments, num_segments, weights=None) -> tf.Tensor:
+    """out[segments[i]] += weights[i] * rows[index[i]], [num_segments, dim] (index or segments None:
+    the identity; weights None: ones), in one pass; its gradient is the same sum the other way."""
+    empty = tf.zeros([0], tf.int32)
+    return load().shardrec_pooled_sum(rows, empty if index is None else index, empty if segments is None else segments,
+                                      tf.cast(num_segments, tf.int32),
+                                      tf.zeros([0], tf.float32) if weights is None else weights)
+
+
+@tf.RegisterGradient("ShardrecPooledSum")
+def _pooled_sum_grad(op, grad):
+    rows, index, segments, _, weights = op.inputs
+    back = load().shardrec_pooled_sum(grad, segments, index, tf.shape(rows, out_type=tf.int32)[0], weights)
+    return back, None, None, None, None

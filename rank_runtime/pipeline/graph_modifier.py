@@ -25,7 +25,8 @@ from ..process import config
 from .feature_spec import FeatureSpec
 from .key_pipeline import InsertFunction, start_asc_pipeline
 from ..process.logs import get_logger
-from .routing import FeatureRouting
+from . import ragged_ids
+from .routing import FeatureRouting, PoolRouting
 from ..validation import check_bool
 
 log = get_logger("shardrec.graph_modifier")
@@ -37,7 +38,7 @@ _COMPONENT = "_shardrec_component_{}"
 class PendingLookup:
     """One modify_graph=True lookup, waiting for modification."""
 
-    def __init__(self, name, table, spec, is_train, ids, get_next, transform_ops, placeholders):
+    def __init__(self, name, table, spec, is_train, ids, get_next, transform_ops, placeholders, pool=None):
         self.name = name
         self.table = table
         self.spec = spec
@@ -49,15 +50,17 @@ class PendingLookup:
         # at modification from one serialisation of the graph for all lookups.
         self.transform = None
         self.placeholders = placeholders
+        self.pool = pool  # a variable-length lookup's PoolRouting placeholders; None for dense ids
 
 
 def _describe(op):
     return f"{op.type} op {op.name!r}"
 
 
-def _trace_to_iterator(lookup_name, ids):
-    """(the IteratorGetNext op behind `ids`, the stateless ops between them)."""
-    get_next, between, stack, seen = set(), [], [ids.op], set()
+def _trace_to_iterator(lookup_name, tensors):
+    """(the IteratorGetNext op behind `tensors` (the ids, or ragged ids' values and row splits), the
+    stateless ops between them)."""
+    get_next, between, stack, seen = set(), [], [t.op for t in tensors], set()
     while stack:
         op = stack.pop()
         if op.name in seen:
@@ -74,7 +77,7 @@ def _trace_to_iterator(lookup_name, ids):
         between.append(op)
         stack.extend(t.op for t in op.inputs)
     if not get_next:
-        found = ", ".join(_describe(op) for op in between[:3]) or _describe(ids.op)
+        found = ", ".join(_describe(op) for op in between[:3]) or _describe(tensors[0].op)
         raise ValueError(f"sparse_lookup {lookup_name!r} (modify_graph=True): its ids do not come from a dataset "
                          f"iterator's get_next(); found {found} instead. Pass ids computed from iterator.get_next(), "
                          "or use FeatureSpec mode")
@@ -98,6 +101,10 @@ def _transform_graph_def(full, between):
             # the dataset's map function.
             del copy.input[:]
             copy.input.extend(i for i in node.input if not i.startswith("^") or i[1:] in names)
+            # Colocation with an op left outside (a ragged batch's decoding names the batch dataset
+            # op) cannot be honoured inside the map function, and means nothing there.
+            if "_class" in copy.attr:
+                del copy.attr["_class"]
     return out
 
 
@@ -116,12 +123,16 @@ def pending_lookup(hashtable, ids: tf.Tensor, is_train: bool, name: str | None,
     """Records a modify_graph=True lookup and returns it: its FeatureSpec, and the routing
     placeholders the lookup's graph reads, which modification later rewires to the key pipeline."""
     lookup_name = name or f"{hashtable.table_name}_lookup"
-    if not isinstance(ids, tf.Tensor):
+    pooled = ragged_ids.is_variable_length(ids)
+    if pooled:
+        ids = ragged_ids.as_ragged(ids, f"sparse_lookup {lookup_name!r}: ids")
+    elif not isinstance(ids, tf.Tensor):
         raise TypeError(f"sparse_lookup {lookup_name!r}: with modify_graph=True, 'ids' must be an id tensor from "
-                        f"iterator.get_next(), got {type(ids).__name__}")
+                        f"iterator.get_next() (dense, ragged or sparse), got {type(ids).__name__}")
     if ids.dtype not in (tf.int32, tf.int64):
         raise TypeError(f"sparse_lookup {lookup_name!r}: ids must be int32 or int64, got {ids.dtype.name}")
-    get_next, between = _trace_to_iterator(lookup_name, ids)
+    traced = [ids.flat_values, ids.row_splits] if pooled else [ids]
+    get_next, between = _trace_to_iterator(lookup_name, traced)
     thresholds = access_and_evict_config or {}
     eviction = thresholds.get("eviction_threshold")
     if is_train and eviction is not None and eviction >= 0:
@@ -130,13 +141,15 @@ def pending_lookup(hashtable, ids: tf.Tensor, is_train: bool, name: str | None,
                          "modification has no timestamp feature to read; evict in FeatureSpec mode (a "
                          "FeatureSpec(..., is_timestamp=True) among get_asc_insert_func's specs), or set "
                          "eviction_threshold=-1 (admission by access_threshold works here)")
-    spec = FeatureSpec(_feature_name(ids, hashtable), table_name=hashtable.table_name,
+    spec = FeatureSpec(_feature_name(traced[0], hashtable), table_name=hashtable.table_name,
                        access_threshold=thresholds.get("access_threshold"),
                        eviction_threshold=thresholds.get("eviction_threshold"))
+    size = config.get_config().size
     with tf.name_scope(f"{lookup_name}_pending"):
-        placeholders = FeatureRouting.placeholders(config.get_config().size, ids.shape.num_elements())
-    pending = PendingLookup(lookup_name, hashtable, spec, is_train, ids, get_next, between, placeholders)
-    config.get_config().graph_state(ids.graph).pending_lookups.append(pending)
+        placeholders = FeatureRouting.placeholders(size, None if pooled else ids.shape.num_elements())
+        pool = PoolRouting.placeholders(size, None) if pooled else None
+    pending = PendingLookup(lookup_name, hashtable, spec, is_train, ids, get_next, between, placeholders, pool)
+    config.get_config().graph_state(traced[0].graph).pending_lookups.append(pending)
     return pending
 
 
@@ -144,7 +157,7 @@ def _source_dataset(get_next):
     """(a function that builds the dataset of the iterator behind `get_next`, whether that
     iterator is one-shot)."""
     iterator = get_next.inputs[0].op
-    spec = tuple(tf.TensorSpec(t.shape, t.dtype) for t in get_next.outputs)
+    spec = tuple(ragged_ids.component_spec(t) for t in get_next.outputs)
     if iterator.type == "OneShotIterator":
         factory = iterator.get_attr("dataset_factory").name
 
@@ -162,14 +175,16 @@ def _source_dataset(get_next):
     return lambda: dataset_ops._VariantDataset(makers[0].inputs[0], spec), False
 
 
-def _ids_in_map_function(lookup, components):
-    if lookup.transform is None:
+def _ids_in_map_function(lookup, components, specs):
+    pooled = lookup.pool is not None
+    if lookup.transform is None:  # dense ids straight from get_next (ragged ones are always decoded)
         return components[lookup.ids.value_index]
     used = {t.value_index for op in lookup.transform_ops for t in op.inputs if t.op is lookup.get_next}
-    input_map = {f"{lookup.get_next.name}:{k}": components[k] for k in used}
-    (ids,) = tf.graph_util.import_graph_def(lookup.transform, input_map=input_map,
-                                            return_elements=[lookup.ids.name], name="ids")
-    return ids
+    input_map = {f"{lookup.get_next.name}:{k}": ragged_ids.encoded(specs[k], components[k]) for k in used}
+    wanted = [lookup.ids.flat_values, lookup.ids.row_splits] if pooled else [lookup.ids]
+    found = tf.graph_util.import_graph_def(lookup.transform, input_map=input_map,
+                                           return_elements=[t.name for t in wanted], name="ids")
+    return tf.RaggedTensor.from_row_splits(*found, validate=False) if pooled else found[0]
 
 
 def _rewire(old, new):
@@ -187,11 +202,12 @@ def _modify_iterator(get_next, lookups):
                          "their own iterators")
     is_train = modes.pop()
     source, one_shot = _source_dataset(get_next)
+    specs = [ragged_ids.component_spec(t) for t in get_next.outputs]
 
     def with_ids(*components):
         element = {_COMPONENT.format(k): c for k, c in enumerate(components)}
         for lookup in lookups:
-            element[lookup.spec.name] = _ids_in_map_function(lookup, components)
+            element[lookup.spec.name] = _ids_in_map_function(lookup, components, specs)
         return element
 
     insert = InsertFunction([lk.spec for lk in lookups], is_train)
@@ -208,11 +224,15 @@ def _modify_iterator(get_next, lookups):
         iterator = tf.compat.v1.data.make_initializable_iterator(rebuilt().prefetch(2))
     new = iterator.get_next()
     for k, old in enumerate(get_next.outputs):
-        _rewire(old, new[_COMPONENT.format(k)])
+        _rewire(old, ragged_ids.encoded(specs[k], new[_COMPONENT.format(k)]))
     for lookup in lookups:
         routing = FeatureRouting.read_from(new, lookup.spec.name)
         for field in FeatureRouting.names():
             _rewire(getattr(lookup.placeholders, field), getattr(routing, field))
+        if lookup.pool is not None:
+            pool = PoolRouting.read_from(new, lookup.spec.name)
+            for field in PoolRouting.names():
+                _rewire(getattr(lookup.pool, field), getattr(pool, field))
         lookup.table.mark_distinct_rows(routing.rows)
     return is_train, (None if one_shot else iterator.initializer)
 

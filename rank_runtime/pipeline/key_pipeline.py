@@ -40,7 +40,8 @@ from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
 from ..process.state import STATE
-from .routing import FeatureRouting
+from . import ragged_ids
+from .routing import FeatureRouting, PoolRouting
 from ..checkpoint.save_schedule import request_due_save
 from ..embedding.tiers import check_datasets
 from ..validation import check_bool, check_type
@@ -61,6 +62,7 @@ class _BatchKeyProcessor:
         self.graph = weakref.ref(graph)
         self.batches = 0
         self._features = None
+        self.pooled = [False] * len(specs)  # variable-length features (InsertFunction.apply finds them)
         self._evicting = []
         self._tables = []
 
@@ -72,9 +74,13 @@ class _BatchKeyProcessor:
             tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
             send_counts = [0 if cfg.use_dynamic else state.send_counts.get((s.name, self.channel), 0)
                            for s in self.specs]
+            # 2: pooled by lookups without weights only, whose singleton partials are shared.
+            pooled = [0 if not p else 1 if (s.name, self.channel) in state.weighted_pools else 2
+                      for s, p in zip(self.specs, self.pooled)]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
-                     f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()})"
-                     for s, t, c in zip(self.specs, tables, send_counts)]
+                     f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()}"
+                     f"{('', ', pooled', ', pooled without weights')[p]})"
+                     for s, t, c, p in zip(self.specs, tables, send_counts, pooled)]
             if self.timestamp is not None:
                 lines.append(f"timestamps '{self.timestamp.name}'")
             self._evicting = [t for t in tables if t.thresholds is not None and t.thresholds.evicts]
@@ -84,7 +90,8 @@ class _BatchKeyProcessor:
             self._features = native_core.FeatureSet([s.name for s in self.specs], [t.index for t in tables],
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
                                                         "\n".join(lines),
-                                                        self.timestamp.name if self.timestamp is not None else "")
+                                                        self.timestamp.name if self.timestamp is not None else "",
+                                                        pooled)
         return self._features
 
     def __call__(self, is_end, *key_arrays):
@@ -99,6 +106,7 @@ class _BatchKeyProcessor:
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
         exchange = get_world().exchanges[self.channel]
         features = self._feature_set(cfg, graph)
+        key_arrays = _pair_pooled(key_arrays, self.pooled)
         evictions = exchange.counters().evictions if self._evicting else 0
         # A resize the supervisor asked for ends the training input here, on every rank (resize.py).
         stop = self.channel == Channel.TRAIN and resize.requested()
@@ -122,12 +130,18 @@ class _BatchKeyProcessor:
             self.batches += 1
             heartbeat.batches_exchanged(self.channel, self.batches)
             if self.channel == Channel.TRAIN:
+                examples = _examples(key_arrays[0])
                 if STATE.stream is not None:
-                    STATE.stream.cursor.batch_exchanged(len(key_arrays[0]))
-                metrics.batch_trained(len(key_arrays[0]), self._tables)
+                    STATE.stream.cursor.batch_exchanged(examples)
+                metrics.batch_trained(examples, self._tables)
                 request_due_save(exchange)
         # The native routing's fields, by the names the dataset element files them under (routing.py).
-        return [np.bool_(result.ended)] + [getattr(r, name) for r in result.features for name in FeatureRouting.names()]
+        out = [np.bool_(result.ended)]
+        for routing, pooled in zip(result.features, self.pooled):
+            out += [getattr(routing, name) for name in FeatureRouting.names()]
+            if pooled:
+                out += [getattr(routing.pool, name) for name in PoolRouting.names()]
+        return out
 
     def _log_eviction(self, exchange):
         step = exchange.counters().last_eviction_step
@@ -136,11 +150,29 @@ class _BatchKeyProcessor:
             for t in self._evicting))
 
 
+def _pair_pooled(key_arrays, pooled):
+    """The numpy function's flat arguments as the native exchange takes them: a pooled feature's
+    ids and row splits as one (ids, row_splits) pair."""
+    keys, at = [], 0
+    for is_pooled in pooled:
+        keys.append((key_arrays[at], key_arrays[at + 1]) if is_pooled else key_arrays[at])
+        at += 2 if is_pooled else 1
+    return keys + list(key_arrays[at:])
+
+
+def _examples(keys):
+    """A batch's examples, from its first feature's ids (a pooled one's row splits)."""
+    return len(keys[1]) - 1 if isinstance(keys, tuple) else len(keys)
+
+
 def _end_marker(element_spec):
     """One element shaped like the data (unknown dimensions as 0), flagged as the end."""
     def zeros(spec):
+        if ragged_ids.is_variable_length_spec(spec):
+            return ragged_ids.empty_like(spec)
         if not isinstance(spec, tf.TensorSpec):
-            raise TypeError(f"get_asc_insert_func: dataset elements must be dicts of dense tensors, got {spec}")
+            raise TypeError("get_asc_insert_func: dataset elements must be dicts of tensors (dense, ragged or "
+                            f"sparse), got {spec}")
         shape = [0 if d is None else d for d in spec.shape.as_list()]
         return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
@@ -170,10 +202,12 @@ class InsertFunction:
             if spec.index_key not in element_spec:
                 raise KeyError(f"get_asc_insert_func: feature {spec.name!r} reads dataset key {spec.index_key!r}, "
                                f"which the dataset does not have; it has: {sorted(map(str, element_spec))}")
-            dtype = element_spec[spec.index_key].dtype
-            if dtype not in (tf.int32, tf.int64):
-                raise TypeError(f"get_asc_insert_func: feature {spec.name!r} has ids of dtype {dtype.name}; "
-                                "ids must be int32 or int64")
+            ragged_ids.check_spec("get_asc_insert_func", spec.name, element_spec[spec.index_key])
+        pooled = [ragged_ids.is_variable_length_spec(element_spec[s.index_key]) for s in self.specs]
+        if self._processor._features is not None and pooled != self._processor.pooled:
+            raise ValueError("get_asc_insert_func: this insert function already runs on a dataset whose features "
+                             "are variable-length in other places; make one insert function per dataset")
+        self._processor.pooled = pooled
         if self.timestamp is not None:
             key = self.timestamp.index_key
             if key not in element_spec:
@@ -189,15 +223,24 @@ class InsertFunction:
         batch = dict(batch)
         keys = [batch[spec.index_key] for spec in self.specs]
         stamps = [] if self.timestamp is None else [batch[self.timestamp.index_key]]
-        width = len(FeatureRouting.names())
-        outs = tf.numpy_function(self._processor, [is_end] + keys + stamps,
-                                 [tf.bool] + [tf.int32] * (width * len(self.specs)),
+        inputs = [k for key in keys for k in (ragged_ids.key_inputs(key) if ragged_ids.is_variable_length(key)
+                                              else [key])]
+        width, pool_width = len(FeatureRouting.names()), len(PoolRouting.names())
+        outs = tf.numpy_function(self._processor, [is_end] + inputs + stamps,
+                                 [tf.bool] + [tf.int32] * sum(width + (pool_width if p else 0)
+                                                              for p in self._processor.pooled),
                                  stateful=True, name="shardrec_key_exchange")
         stop = tf.reshape(outs[0], [])
         size = config.get_config().size
-        for i, spec in enumerate(self.specs):
-            routing = FeatureRouting(*outs[1 + width * i:1 + width * (i + 1)])
-            routing.with_static_shapes(size, keys[i].shape.num_elements()).file_into(batch, spec.name)
+        at = 1
+        for key, spec, pooled in zip(keys, self.specs, self._processor.pooled):
+            routing = FeatureRouting(*outs[at:at + width])
+            at += width
+            per_batch = None if pooled else key.shape.num_elements()
+            routing.with_static_shapes(size, per_batch).file_into(batch, spec.name)
+            if pooled:
+                PoolRouting(*outs[at:at + pool_width]).with_static_shapes(size, None).file_into(batch, spec.name)
+                at += pool_width
         return batch, stop
 
     def apply(self, dataset, num_parallel_calls=None, deterministic=None, name=None):

@@ -7,7 +7,8 @@ from ..formats.channel import Channel, RowExchangeName
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from ..optimizers import by_address
-from .routing import FeatureRouting
+from . import combiners, pooled_lookup, ragged_ids
+from .routing import FeatureRouting, PoolRouting
 from ..serving import export as serving_export
 from ..embedding.table import EmbeddingTable
 from ..validation import INT32_MAX, check_bool, check_int, check_type
@@ -76,12 +77,12 @@ def _register_send_count(state, spec, channel, send_count):
                          "per channel")
 
 
-def _rows_to_requesters(rows, routing, dim, static_rows, exchange: RowExchangeName, state):
+def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchange: RowExchangeName, state):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
     lookup's own communicators (the op library's row exchange; gradients go back the same way).
     They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
     state.row_exchanges.append(exchange)
-    back = native_ops.row_alltoall(rows, routing.send_splits, routing.recv_splits, exchange.rows,
+    back = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.rows,
                                    get_world().exchange_timeout_s, exchange.gradients)
     back.set_shape([static_rows, dim])
     return back
@@ -132,11 +133,14 @@ def _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_gr
 
 def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name=None, modify_graph=False,
                   batch=None, access_and_evict_config=None, is_grad=True, serving_default_value=None,
-                  **kwargs) -> tf.Tensor:
-    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim]."""
+                  combiner=None, weights=None, **kwargs) -> tf.Tensor:
+    """Looks up `ids` in `hashtable`; returns a float32 tensor of shape ids.shape + [dim], or, for
+    variable-length ids (a RaggedTensor or SparseTensor [batch, (ids)]), [batch, dim]: each
+    example's rows combined by `combiner` ('sum', 'mean' (default), 'sqrtn') with optional per-id
+    `weights`, as tf.nn.embedding_lookup_sparse, pooled on the owners (pooled_lookup.py)."""
     exporting = serving_export.active()
     if exporting is not None:  # an export graph: a stock lookup of the receiver's ids (serving/)
-        return exporting.lookup(hashtable, ids, batch, serving_default_value, name)
+        return exporting.lookup(hashtable, ids, batch, serving_default_value, name, combiner, weights)
     cfg = config.get_config()
     send_count = _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph,
                                    access_and_evict_config, is_grad, kwargs)
@@ -146,25 +150,66 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
                            "start_asc_pipeline()")
     if modify_graph:
         pending = pending_lookup(hashtable, ids, is_train, name, access_and_evict_config)
-        ids, routing, ids_tensor = pending.spec, pending.placeholders, pending.ids
+        ids, routing, ids_tensor, pool = pending.spec, pending.placeholders, pending.ids, pending.pool
     else:
-        ids = _one_spec(ids)
-        check_type(_OWNER, "ids", ids, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
-        if ids.table_name != hashtable.table_name:
-            raise ValueError(f"{_OWNER}: feature {ids.name!r} belongs to table {ids.table_name!r}, "
-                             f"not to {hashtable.table_name!r}")
-        if access_and_evict_config is not None:
-            _check_thresholds(ids, access_and_evict_config)
-        routing = _routing(ids, batch)
-        ids_tensor = batch[ids.index_key]
+        ids, routing, ids_tensor, pool = _spec_lookup(hashtable, ids, batch, access_and_evict_config)
+    combiner = combiners.check_combiner(combiner, pool is not None)
     channel = Channel.of(is_train)
     if send_count is not None:
         _register_send_count(cfg.graph_state(), ids, channel, send_count)
+    if pool is not None:
+        return _pooled(cfg, hashtable, ids, routing, pool, ids_tensor, weights, combiner, channel, is_grad,
+                       serving_default_value, name)
+    if weights is not None:
+        raise ValueError(f"{_OWNER}: parameter 'weights' weighs variable-length ids (a RaggedTensor or "
+                         "SparseTensor) in their combination; these ids are dense: leave weights out")
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
         emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
         out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
         out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
         return out
+
+
+def _spec_lookup(hashtable, spec, batch, access_and_evict_config):
+    """FeatureSpec mode: (the spec, its routing, its ids from the batch, its pooled routing or None)."""
+    if ragged_ids.is_variable_length(spec):
+        raise TypeError(f"{_OWNER}: 'ids' is a {type(spec).__name__}, which needs modify_graph=True (ids from "
+                        "iterator.get_next()); without graph modification pass the FeatureSpec whose dataset key "
+                        "holds the variable-length ids")
+    spec = _one_spec(spec)
+    check_type(_OWNER, "ids", spec, FeatureSpec, "a FeatureSpec (or, with modify_graph=True, an id tensor)")
+    if spec.table_name != hashtable.table_name:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r} belongs to table {spec.table_name!r}, "
+                         f"not to {hashtable.table_name!r}")
+    if access_and_evict_config is not None:
+        _check_thresholds(spec, access_and_evict_config)
+    routing = _routing(spec, batch)
+    ids = batch[spec.index_key]
+    pool = PoolRouting.read_from(batch, spec.name)
+    if ragged_ids.is_variable_length(ids) and pool is None:
+        raise ValueError(f"{_OWNER}: feature {spec.name!r}: its ids are variable-length but the key pipeline did "
+                         "not pool them; map the dataset with get_asc_insert_func after batching it")
+    return spec, routing, ids, pool
+
+
+def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is_grad, serving_default_value, name):
+    if serving_default_value is not None:
+        raise ValueError(f"{_OWNER}: serving_default_value applies to lookups of one row per id; a pooled lookup "
+                         "(variable-length ids) reads a missing id's row as zeros: leave it out")
+    state = cfg.graph_state()
+    if weights is not None:
+        state.weighted_pools.add((spec.name, channel))
+
+    def exchange(rows, send_splits, recv_splits):
+        return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None,
+                                   _exchange_name(state, table, spec, channel), state)
+
+    with tf.name_scope(name or f"{table.table_name}_lookup"):
+        ragged = ragged_ids.as_ragged(ids)
+        emb = pooled_lookup.pooled_rows(cfg, table, routing, pool, ragged, combiners.checked_weights(weights, ragged),
+                                        combiner, channel, is_grad, exchange)
+        emb.set_shape([ragged.shape[0], table.dim])
+        return emb
 
 
 def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
@@ -192,7 +237,8 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:
         state = cfg.graph_state()
-        rows = _rows_to_requesters(rows, routing, width, None if cfg.use_dynamic else send_count * cfg.size,
+        rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
+                                   None if cfg.use_dynamic else send_count * cfg.size,
                                    _exchange_name(state, table, spec, channel), state)
     emb = native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:

@@ -67,6 +67,9 @@ class GraphState:
     # (feature name, channel) -> send_count, registered by each lookup with static shapes: a train
     # and an eval FeatureSpec of the same name keep their own.
     send_counts: dict = field(default_factory=dict)
+    # (feature name, channel) of the variable-length lookups given weights: their singleton
+    # partials cannot be shared (pooling.h).
+    weighted_pools: set = field(default_factory=set)
 
 
 def get_config() -> "RuntimeConfig":

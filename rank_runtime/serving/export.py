@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from ..pipeline import combiners, ragged_ids
 from ..pipeline.feature_spec import FeatureSpec
 from ..process.logs import get_logger
 from ..process.state import STATE
@@ -76,7 +77,7 @@ class ServingExport:
         self.tables[name] = StockTable(name, key_dtype, dim, saved.rows)
         return self.tables[name]
 
-    def lookup(self, table, ids, batch, serving_default_value, name) -> tf.Tensor:
+    def lookup(self, table, ids, batch, serving_default_value, name, combiner=None, weights=None) -> tf.Tensor:
         if not isinstance(table, StockTable) or self.tables.get(table.table_name) is not table:
             raise ValueError(f"sparse_lookup: {getattr(table, 'table_name', table)!r} is not a table of this export "
                              "graph; create tables inside the model function that the export calls")
@@ -91,7 +92,13 @@ class ServingExport:
                                f"serving receiver's features {have}")
             self.features_read.add(key)
             ids = batch[key]
-        return table.lookup(tf.convert_to_tensor(ids), serving_default_value, name)
+        combiner = combiners.check_combiner(combiner, ragged_ids.is_variable_length(ids))
+        if combiner is None:
+            return table.lookup(tf.convert_to_tensor(ids), serving_default_value, name)
+        # Variable-length ids: the stock lookup of every id, then the same pooling as training's.
+        ragged = ragged_ids.as_ragged(ids)
+        rows = table.lookup(ragged.flat_values, serving_default_value, name)
+        return combiners.combine_rows(rows, ragged, combiners.checked_weights(weights, ragged), combiner)
 
     def variables(self) -> list:
         return [v for t in self.tables.values() for v in t.variables]

@@ -11,19 +11,23 @@ void bind_feature_set(py::module_& m) {
   py::class_<FeatureSet>(m, "FeatureSet")
       .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
                        const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
-                       std::string description, std::string timestamp_feature) {
+                       std::string description, std::string timestamp_feature, std::vector<int> pooled) {
              const size_t n = names.size();
-             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n)
-               throw std::invalid_argument("names, indexes, send_counts and int32_keys need one entry per feature");
+             if (pooled.empty()) pooled.assign(n, 0);
+             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n || pooled.size() != n)
+               throw std::invalid_argument(
+                   "names, indexes, send_counts, int32_keys and pooled need one entry per feature");
              std::vector<shardrec::ExchangeFeature> features;
              for (size_t f = 0; f < n; ++f)
-               features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f]});
+               features.push_back(
+                   shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f], pooled[f]});
              return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
            }),
            py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
-           py::arg("timestamp_feature") = "", py::keep_alive<1, 3>(),
+           py::arg("timestamp_feature") = "", py::arg("pooled") = std::vector<int>{}, py::keep_alive<1, 3>(),
            "The features of one insert function, in the order every rank uses; `description` (a line per "
-           "feature) is what the ranks compare.")
+           "feature) is what the ranks compare. A pooled feature (pooled 1; 2: no lookup of it has weights) "
+           "takes its ids as (ids, row_splits).")
       .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
 }
 
@@ -44,6 +48,19 @@ py::array feature_ids(const FeatureSet& fs, size_t f, py::handle keys) {
   return a;
 }
 
+// A pooled feature's row splits: examples + 1 of them, from 0 to the ids' count, never decreasing.
+size_t checked_splits(const FeatureSet& fs, size_t f, py::handle given, size_t ids, CArray<int64_t>& out) {
+  out = given.cast<CArray<int64_t>>();
+  const int64_t* s = out.data();
+  const size_t n = static_cast<size_t>(out.size());
+  bool ok = n >= 1 && s[0] == 0 && s[n - 1] == static_cast<int64_t>(ids);
+  for (size_t i = 1; ok && i < n; ++i) ok = s[i] >= s[i - 1];
+  if (!ok)
+    throw std::invalid_argument("feature '" + fs.features[f].name + "': row_splits must start at 0, never decrease "
+                                "and end at the number of ids (" + std::to_string(ids) + ")");
+  return n - 1;
+}
+
 ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::list& keys, bool has_data,
                             py::object timestamps) {
   const size_t nf = fs.features.size();
@@ -60,9 +77,13 @@ ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::lis
     ts.samples = static_cast<size_t>(ts_array.size());
   }
   std::vector<py::array> arrays;
+  std::vector<CArray<int64_t>> splits(nf);
   std::vector<shardrec::RouterInput> in;
   for (size_t f = 0; f < nf; ++f) {
-    arrays.push_back(feature_ids(fs, f, keys[f]));
+    const bool pooled = fs.features[f].pooled != 0;
+    if (pooled && !py::isinstance<py::tuple>(keys[f]))
+      throw py::type_error("feature '" + fs.features[f].name + "' is pooled: its ids come as (ids, row_splits)");
+    arrays.push_back(feature_ids(fs, f, pooled ? keys[f].cast<py::tuple>()[0] : py::handle(keys[f])));
     if (!has_data) continue;
     const py::array& a = arrays.back();
     const bool i32 = a.dtype().is(py::dtype::of<int32_t>());
@@ -70,6 +91,8 @@ ExchangeResult exchange_run(KeyExchange& ex, const FeatureSet& fs, const py::lis
       throw py::type_error("feature '" + fs.features[f].name + "': ids must be int32 or int64, got " +
                            std::string(py::str(a.dtype())));
     in.push_back(shardrec::RouterInput{a.data(), i32, static_cast<size_t>(a.size())});
+    if (pooled) in.back().examples = checked_splits(fs, f, keys[f].cast<py::tuple>()[1], in.back().n, splits[f]);
+    in.back().splits = pooled ? splits[f].data() : nullptr;
   }
   std::vector<shardrec::FeatureRouting> out;
   ExchangeResult result;

@@ -70,8 +70,25 @@ void bind_values(py::module_& m) {
 
 // One feature's routing as Python sees it: the native vectors handed over to numpy, not copied
 // (the key pipeline files them into the dataset element once per batch).
+struct PoolArrays {
+  py::array_t<int32_t> occ_rows, occ_segments, partial_send_splits, occ_recv_splits, partial_recv_splits,
+      partial_index, partial_examples, occ_order, occ_send_splits;
+
+  explicit PoolArrays(shardrec::PoolRouting&& p)
+      : occ_rows(hand_over(std::move(p.occ_rows))),
+        occ_segments(hand_over(std::move(p.occ_segments))),
+        partial_send_splits(hand_over(std::move(p.partial_send_splits))),
+        occ_recv_splits(hand_over(std::move(p.occ_recv_splits))),
+        partial_recv_splits(hand_over(std::move(p.partial_recv_splits))),
+        partial_index(hand_over(std::move(p.partial_index))),
+        partial_examples(hand_over(std::move(p.partial_examples))),
+        occ_order(hand_over(std::move(p.occ_order))),
+        occ_send_splits(hand_over(std::move(p.occ_send_splits))) {}
+};
+
 struct RoutingArrays {
   py::array_t<int32_t> rows, expand, send_splits, recv_splits, restore, ticket;
+  PoolArrays pool;
 
   explicit RoutingArrays(shardrec::FeatureRouting&& r)
       : rows(hand_over(std::move(r.rows))),
@@ -79,7 +96,8 @@ struct RoutingArrays {
         send_splits(hand_over(std::move(r.send_splits))),
         recv_splits(hand_over(std::move(r.recv_splits))),
         restore(hand_over(std::move(r.restore))),
-        ticket(hand_over(shardrec::RoutingVector{r.ticket})) {}
+        ticket(hand_over(shardrec::RoutingVector{r.ticket})),
+        pool(std::move(r.pool)) {}
 };
 
 void bind_routing(py::module_& m) {
@@ -90,7 +108,19 @@ void bind_routing(py::module_& m) {
       .def_readonly("send_splits", &RoutingArrays::send_splits, "Rows going out to each requester.")
       .def_readonly("recv_splits", &RoutingArrays::recv_splits, "Rows coming back from each owner.")
       .def_readonly("restore", &RoutingArrays::restore, "Per id of the batch: its row among those that come back.")
-      .def_readonly("ticket", &RoutingArrays::ticket, "[1]: the batch's ticket on the feature's table.");
+      .def_readonly("ticket", &RoutingArrays::ticket, "[1]: the batch's ticket on the feature's table.")
+      .def_readonly("pool", &RoutingArrays::pool, "A pooled feature's partials (pooling.h); empty arrays otherwise.");
+  py::class_<PoolArrays>(m, "PoolRouting", "A pooled feature's routing for one batch (exchange/pooling.h).")
+      .def_readonly("occ_rows", &PoolArrays::occ_rows, "Owner: per id received, its row among `rows`.")
+      .def_readonly("occ_segments", &PoolArrays::occ_segments, "Owner: per id received, the partial it adds to.")
+      .def_readonly("partial_send_splits", &PoolArrays::partial_send_splits, "Owner: partials to each requester.")
+      .def_readonly("occ_recv_splits", &PoolArrays::occ_recv_splits, "Owner: ids received from each requester.")
+      .def_readonly("partial_recv_splits", &PoolArrays::partial_recv_splits, "Requester: partials from each owner.")
+      .def_readonly("partial_index", &PoolArrays::partial_index,
+                    "Requester: per (example, owner) pair, the partial it reads (empty: the identity).")
+      .def_readonly("partial_examples", &PoolArrays::partial_examples, "Requester: per (example, owner) pair, its example.")
+      .def_readonly("occ_order", &PoolArrays::occ_order, "Requester: per id sent, its index in the batch.")
+      .def_readonly("occ_send_splits", &PoolArrays::occ_send_splits, "Requester: ids sent to each owner.");
 }
 
 // ---- batch dedup and ownership

@@ -119,20 +119,18 @@ class ChannelComm {
     finish_collective(req, what);
   }
 
-  void alltoallv(const int64_t* send, const int* scount, const int* sdispl, int64_t* recv, const int* rcount,
-                 const int* rdispl, const std::string& what) {
+  // int64, int32 or float elements; counts and displacements in elements.
+  template <typename T>
+  void alltoallv(const T* send, const int* scount, const int* sdispl, T* recv, const int* rcount, const int* rdispl,
+                 const std::string& what) {
+    static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t> || std::is_same_v<T, float>,
+                  "alltoallv takes int64, int32 or float elements");
+    const MPI_Datatype type = std::is_same_v<T, int64_t>   ? MPI_INT64_T
+                              : std::is_same_v<T, int32_t> ? MPI_INT32_T
+                                                           : MPI_FLOAT;
     check_usable();
     MPI_Request req;
-    MPI_Ialltoallv(send, scount, sdispl, MPI_INT64_T, recv, rcount, rdispl, MPI_INT64_T, comm_, &req);
-    finish_collective(req, what);
-  }
-
-  // Rows of floats: counts and displacements in floats.
-  void alltoallv(const float* send, const int* scount, const int* sdispl, float* recv, const int* rcount,
-                 const int* rdispl, const std::string& what) {
-    check_usable();
-    MPI_Request req;
-    MPI_Ialltoallv(send, scount, sdispl, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, comm_, &req);
+    MPI_Ialltoallv(send, scount, sdispl, type, recv, rcount, rdispl, type, comm_, &req);
     finish_collective(req, what);
   }
 

@@ -33,45 +33,10 @@
 #include "exchange/channel_comm.h"
 #include "index/embedding_index.h"
 #include "exchange/key_router.h"
+#include "exchange/feature_set.h"
 #include "exchange/round_status.h"
 
 namespace shardrec {
-
-// What every rank must agree on for the features of one insert function, matched by position
-// (the runtime orders features by name, and the signature proves the ranks agree).
-struct ExchangeFeature {
-  std::string name;
-  EmbeddingIndex* index;
-  int64_t send_count;  // 0: dynamic shapes; else every bucket is padded to it
-  bool int32_keys;     // the table's key dtype is int32: ids must fit in it
-};
-
-inline uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
-struct FeatureSet {
-  FeatureSet(std::vector<ExchangeFeature> f, std::string d, std::string ts = "")
-      : features(std::move(f)), description(std::move(d)), signature(static_cast<int64_t>(fnv1a(description))),
-        timestamp_feature(std::move(ts)) {}
-  std::vector<ExchangeFeature> features;
-  std::string description;  // one line per feature; named in the error when ranks differ
-  int64_t signature;
-  std::string timestamp_feature;  // the is_timestamp feature whose values come with every batch ('' none)
-};
-
-// One feature's result for one batch: how the lookup moves its rows (rank_runtime/pipeline/routing.py
-// files the same fields, by the same names, into the dataset element).
-struct FeatureRouting {
-  RoutingVector rows;         // the distinct local rows this rank gathers for its requesters
-  RoutingVector expand;       // per received key, its row among `rows` (empty: identity)
-  RoutingVector send_splits;  // rows going out to each requester
-  RoutingVector recv_splits;  // rows coming back from each owner (what this rank sent it keys for)
-  RoutingVector restore;      // per id of the batch: its row among those that come back
-  int32_t ticket = 0;                // the batch's ticket on the feature's table (residency.h)
-};
 
 class KeyExchange {
  public:
@@ -175,6 +140,7 @@ class KeyExchange {
     router_.exchange(comm_);
     begin_batch(fs, out);
     resolve_all(fs, out);
+    pool(fs, keys, out);
     if (allocate_) ++step_;
     finish(t0);
     return true;
@@ -206,6 +172,31 @@ class KeyExchange {
       }
     }
     return status;
+  }
+
+  // The pooled features' extra collective, once the keys are resolved on every rank.
+  void pool(const FeatureSet& fs, const std::vector<RouterInput>& keys, std::vector<FeatureRouting>& out) {
+    std::vector<PoolInput> in;
+    std::vector<size_t> which;
+    for (size_t f = 0; f < fs.features.size(); ++f) {
+      if (!fs.features[f].pooled) continue;
+      std::vector<int32_t> received(static_cast<size_t>(comm_.world()));
+      for (int s = 0; s < comm_.world(); ++s) received[s] = router_.received_count(f, s);
+      const FeatureRouting& o = out[f];
+      const RouterInput& k = keys[f];
+      const bool share = fs.features[f].pooled == 2;
+      in.push_back(k.keys_are_int32
+                       ? pool_input(static_cast<const int32_t*>(k.keys), k.splits, k.examples, share, o.restore,
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received))
+                       : pool_input(static_cast<const int64_t*>(k.keys), k.splits, k.examples, share, o.restore,
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received)));
+      which.push_back(f);
+    }
+    if (which.empty()) return;
+    std::vector<PoolRouting> pools;
+    pooler_.run(comm_, in, pools);
+    counters_.pool_bytes_sent += pooler_.bytes_sent();
+    for (size_t p = 0; p < which.size(); ++p) out[which[p]].pool = std::move(pools[p]);
   }
 
   // Resolves every feature; a full table or a failing tier on any rank stops every rank here.
@@ -245,7 +236,10 @@ class KeyExchange {
       status.newest_ts = std::max(status.newest_ts, ts.ts[i]);
     }
     for (const auto& k : keys) {
-      if (k.counted && (ts.samples == 0 ? k.n > 0 : k.n % ts.samples != 0)) {
+      const bool fits = k.splits != nullptr ? k.examples == ts.samples
+                        : ts.samples == 0   ? k.n == 0
+                                            : k.n % ts.samples == 0;
+      if (k.counted && !fits) {
         status.bad_ts = 1;
         status.bad_ts_value = static_cast<int64_t>(ts.samples);
         return;
@@ -355,7 +349,8 @@ class KeyExchange {
       else if (s.bad_ts == 1)
         bad_ts += (bad_ts.empty() ? "" : "; ") + std::string("rank ") + rank + " has " +
                   std::to_string(s.bad_ts_value) + " timestamps in is_timestamp feature '" + fs.timestamp_feature +
-                  "', which do not divide the ids of a feature that counts: give one timestamp per sample "
+                  "', which do not divide the ids of a feature that counts (or, for a variable-length feature, are "
+                  "not one per example): give one timestamp per sample "
                   "(shape [batch])";
       if (s.overflow_feature >= 0) {
         const auto& f = fs.features[static_cast<size_t>(s.overflow_feature)];
@@ -565,6 +560,7 @@ class KeyExchange {
   std::atomic<int64_t> save_request_step_{-1};
   const bool allocate_;
   KeyRouter router_;
+  KeyPooler pooler_;
   RowDedup owner_dedup_;
   BatchDedup key_dedup_;  // merges the requesters' keys of a counted feature
   std::vector<int64_t> merged_keys_, merged_unique_, merged_meta_;

@@ -27,6 +27,9 @@ struct RouterInput {
   bool keys_are_int32;
   size_t n;
   bool counted = false;  // send each unique key's occurrences and newest timestamp with it
+  // A pooled feature's examples: ragged row splits (examples + 1 of them); nullptr otherwise.
+  const int64_t* splits = nullptr;
+  size_t examples = 0;
 };
 
 // The batch's per-sample timestamps (the is_timestamp feature): id i of a feature with n ids
@@ -62,7 +65,7 @@ class KeyRouter {
         owner_[f][u] = owner_of(unique_[f][u], world_);
         place_[f][u] = counts_[f][owner_[f][u]]++;
       }
-      if (in[f].counted) count(f, in[f].n, restore[f].data(), ts);
+      if (in[f].counted) count(f, in[f], restore[f].data(), ts);
     }
   }
 
@@ -142,11 +145,22 @@ class KeyRouter {
     return offset;
   }
 
-  // Occurrences and newest timestamp of each unique key of feature f.
-  void count(size_t f, size_t n, const int32_t* restore, BatchTimestamps ts) {
+  // Occurrences and newest timestamp of each unique key of feature f. A pooled feature's id takes
+  // its example's timestamp (its row splits say which); any other's, the sample's of n / samples.
+  void count(size_t f, const RouterInput& in, const int32_t* restore, BatchTimestamps ts) {
     counted_ = true;
+    const size_t n = in.n;
     auto& m = meta_[f];
     m.assign(2 * unique_[f].size(), 0);
+    if (in.splits != nullptr && ts.ts != nullptr && in.examples == ts.samples) {
+      for (size_t sample = 0; sample < ts.samples; ++sample)
+        for (int64_t i = in.splits[sample]; i < in.splits[sample + 1]; ++i) {
+          int64_t* e = &m[2 * static_cast<size_t>(restore[i])];
+          e[0] += 1;
+          e[1] = std::max(e[1], ts.ts[sample]);
+        }
+      return;
+    }
     const size_t per = ts.ts != nullptr && ts.samples > 0 ? n / ts.samples : 0;
     if (per == 0) {
       for (size_t i = 0; i < n; ++i) m[2 * static_cast<size_t>(restore[i])] += 1;

@@ -38,7 +38,8 @@ namespace shardrec {
   X(int64_t, last_eviction_step, "the training step of the last eviction (-1: none)")            \
   X(uint64_t, ns_in_collectives, "nanoseconds spent waiting in MPI, all rounds together")        \
   X(uint64_t, ns_total, "nanoseconds spent in the exchange, all rounds together")                \
-  X(uint64_t, ns_cpu, "CPU nanoseconds the exchange's thread used in it (its own work, not its waits)")
+  X(uint64_t, ns_cpu, "CPU nanoseconds the exchange's thread used in it (its own work, not its waits)")          \
+  X(uint64_t, pool_bytes_sent, "bytes of pooled features' id words sent to other ranks (exchange/pooling.h)")
 
 #define SHARDREC_FIELD(type, name, doc) type name = 0;
 struct IndexCounters {

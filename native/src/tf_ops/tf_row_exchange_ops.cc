@@ -8,6 +8,7 @@
 // An async kernel: the exchange waits on a thread of the kernel's own, never on one of
 // TensorFlow's (with one inter-op thread, two lookups whose exchanges the ranks reached in another
 // order would otherwise wait for each other for ever). Every wait is bound by the exchange timeout.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -30,6 +31,16 @@ std::mutex comms_mu;
 std::unordered_map<std::string, int64_t>& comms() {
   static auto* registered = new std::unordered_map<std::string, int64_t>();
   return *registered;
+}
+
+// Bytes each exchange name sent to other ranks (its own block is a copy), for benchmarks and
+// logs: what crossed the network. Never freed, as the kernels that count into them may outlive a
+// session.
+std::atomic<int64_t>* bytes_sent(const std::string& exchange) {
+  static auto* counters = new std::unordered_map<std::string, std::atomic<int64_t>*>();
+  auto& counter = (*counters)[exchange];
+  if (counter == nullptr) counter = new std::atomic<int64_t>(0);
+  return counter;
 }
 
 // One thread running the exchanges of one kernel, in the order they were asked for.
@@ -137,6 +148,7 @@ class RowAlltoallOp : public AsyncOpKernel {
     if (it == comms().end()) return false;
     comm_ = std::make_unique<ChannelComm>(MPI_Comm_f2c(static_cast<MPI_Fint>(it->second)), exchange_, timeout_s_,
                                           "row exchange");
+    sent_ = bytes_sent(exchange_);
     return true;
   }
 
@@ -158,11 +170,13 @@ class RowAlltoallOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rdispl[world] / std::max<int64_t>(dim, 1), dim}), &out));
     comm_->exchange_blocks(rows.flat<float>().data(), scount.data(), sdispl.data(), out->flat<float>().data(),
                            rcount.data(), rdispl.data(), "rows");
+    sent_->fetch_add(static_cast<int64_t>(sdispl[world] - scount[comm_->rank()]) * static_cast<int64_t>(sizeof(float)));
   }
 
   std::string exchange_;
   float timeout_s_ = 0;
   std::unique_ptr<ChannelComm> comm_;
+  std::atomic<int64_t>* sent_ = nullptr;
   Worker worker_;
 };
 
@@ -175,6 +189,12 @@ __attribute__((visibility("default"))) int shardrec_comm_register(const char* ex
   std::lock_guard<std::mutex> g(shardrec::comms_mu);
   shardrec::comms()[exchange] = handle;
   return 0;
+}
+
+// Bytes the row exchange named `exchange` has sent to other ranks in this process (0: none yet).
+__attribute__((visibility("default"))) int64_t shardrec_exchange_bytes_sent(const char* exchange) {
+  std::lock_guard<std::mutex> g(shardrec::comms_mu);
+  return shardrec::bytes_sent(exchange)->load();
 }
 }
 
