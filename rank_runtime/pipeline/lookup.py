@@ -206,25 +206,32 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
 
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)
-        emb = pooled_lookup.pooled_rows(cfg, table, routing, pool, ragged, combiners.checked_weights(weights, ragged),
-                                        combiner, channel, is_grad, exchange)
+        rows = _distinct_rows(cfg, table, routing, channel, is_grad)
+        emb = pooled_lookup.pooled_rows(cfg.size, rows, pool, ragged, combiners.checked_weights(weights, ragged),
+                                        combiner, exchange)
         emb.set_shape([ragged.shape[0], table.dim])
         return emb
+
+
+def _distinct_rows(cfg, table, routing, channel, is_grad):
+    """The owner's first stage, for every kind of lookup: the batch's distinct rows of its shard.
+    Gradients flow to the table variable as IndexedSlices over `routing.rows`, which are distinct:
+    the sparse optimizers update those rows only, with no dedup of their own; the stages after
+    this one sum the gradients of a row asked for several times."""
+    rows = native_ops.variable_row_gather(table.variable, routing.rows, routing.ticket, channel)
+    table.mark_distinct_rows(routing.rows)
+    if not is_grad:
+        return tf.stop_gradient(rows)
+    if cfg.use_dynamic_expansion and channel == Channel.TRAIN:
+        by_address.record_lookup(table, rows, tf.cast(routing.rows, tf.int64, name="id_offset"))
+    return rows
 
 
 def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
     """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
     exchange back to the requesters, restore to batch order."""
     rows_at = routing.rows
-    # Gradients flow to the table variable as IndexedSlices over `rows_at`, which are distinct:
-    # the sparse optimizers update those rows only, with no dedup of their own. The expand
-    # gather's gradient sums the gradients of a row asked for by several ranks.
-    rows = native_ops.variable_row_gather(table.variable, rows_at, routing.ticket, channel)
-    table.mark_distinct_rows(rows_at)
-    if not is_grad:
-        rows = tf.stop_gradient(rows)
-    elif cfg.use_dynamic_expansion and channel == Channel.TRAIN:
-        by_address.record_lookup(table, rows, tf.cast(rows_at, tf.int64, name="id_offset"))
+    rows = _distinct_rows(cfg, table, routing, channel, is_grad)
     width = table.dim
     if serving_default_value is not None:
         # The owner knows which keys have no row: that flag travels back as one more column.

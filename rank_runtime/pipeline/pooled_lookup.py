@@ -12,29 +12,21 @@ Weights cross to the owner once, in the forward pass.
 import tensorflow as tf
 
 from ..embedding import native_ops
-from ..formats.channel import Channel
-from ..optimizers import by_address
 from . import combiners
 
 
-def pooled_rows(cfg, table, routing, pool, ids, weights, combiner, channel, is_grad, exchange):
-    """[examples, dim]: the pooled lookup's stages. `exchange(rows, send, recv)` moves rows between the
-    ranks on a communicator of the lookup's own (the row exchange of lookup.py)."""
-    rows = native_ops.variable_row_gather(table.variable, routing.rows, routing.ticket, channel)
-    table.mark_distinct_rows(routing.rows)
-    if not is_grad:
-        rows = tf.stop_gradient(rows)
-    elif cfg.use_dynamic_expansion and channel == Channel.TRAIN:
-        by_address.record_lookup(table, rows, tf.cast(routing.rows, tf.int64, name="id_offset"))
+def pooled_rows(ranks, rows, pool, ids, weights, combiner, exchange):
+    """[examples, dim]: the pooled lookup's stages after the owner's distinct `rows` (lookup.py).
+    `exchange(rows, send, recv)` moves rows between the ranks on a communicator of the lookup's own."""
     received = None
     if weights is not None:
         sent = tf.gather(weights, pool.occ_order)[:, None]
-        received = sent if cfg.size == 1 else exchange(sent, pool.occ_send_splits, pool.occ_recv_splits)
+        received = sent if ranks == 1 else exchange(sent, pool.occ_send_splits, pool.occ_recv_splits)
         received = tf.reshape(received, [-1])
     # Gather, weigh and add per partial in one pass (native_ops.pooled_sum); so is its gradient.
     partials = native_ops.pooled_sum(rows, pool.occ_rows, pool.occ_segments, tf.reduce_sum(pool.partial_send_splits),
                                      received)
-    if cfg.size > 1:
+    if ranks > 1:
         partials = exchange(partials, pool.partial_send_splits, pool.partial_recv_splits)
     out = native_ops.pooled_sum(partials, pool.partial_index, pool.partial_examples, ids.nrows(out_type=tf.int32))
     factor = combiners.example_scale(ids, weights, combiner)
