@@ -62,6 +62,10 @@ def parse_args(argv=None):
                         "save_checkpoint_due_time=FULL_S, save_delta_checkpoints_secs=DELTA_S)): Saver.maybe_save "
                         "after every step writes a full checkpoint or a delta as the timers say")
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--value-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="how the deep table holds its values (create_table's value_dtype)")
+    p.add_argument("--slot-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="how the deep table holds its optimizer slots (create_table's slot_dtype)")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="after training, rank 0 exports the model for serving (a SavedModel of stock TensorFlow ops)")
     p.add_argument("--eval-predictions", default=None, metavar="PREFIX",
@@ -197,7 +201,8 @@ def main(argv=None):
     vocab = int(criteo_synth.vocab_sizes(args.seed).sum())
     init_deep = tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=args.seed)
     tables = [create_table(key_dtype=tf.int64, dim=tf.TensorShape([DEEP_DIM]), name="deep_table",
-                           emb_initializer=init_deep, device_vocabulary_size=vocab),
+                           emb_initializer=init_deep, device_vocabulary_size=vocab, value_dtype=args.value_dtype,
+                           slot_dtype=args.slot_dtype),
               create_table(key_dtype=tf.int64, dim=1, name="wide_table",
                            emb_initializer=tf.compat.v1.zeros_initializer(), device_vocabulary_size=vocab)]
     # Static shapes pad each batch's unique keys to send_count: at most every id of the batch.

@@ -91,6 +91,8 @@ def main(argv=None):
     p.add_argument("--feature", action="append", type=_feature, required=True, metavar="NAME=DTYPE[SHAPE]")
     p.add_argument("--params", default="{}", help="JSON object passed as an Estimator model_fn's params")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--row-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="how the export holds the tables' rows (lookups return float32 either way)")
     p.add_argument("--versions", action="store_true", help="--out holds numbered versions (OUT/<step>)")
     p.add_argument("--every", type=float, help="with --versions: seconds between looks for a newer checkpoint")
     p.add_argument("--keep", type=int, default=5, help="with --versions: the versions kept (default 5)")
@@ -123,7 +125,8 @@ def main(argv=None):
         return _versions(args, fn, errors)
     try:
         checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
-        summary = export_saved_model(checkpoint, args.out, fn, dict(args.feature), overwrite=args.overwrite)
+        summary = export_saved_model(checkpoint, args.out, fn, dict(args.feature), overwrite=args.overwrite,
+                                     row_dtype=args.row_dtype)
     except errors as e:
         print(f"shardrec-export: {e}", file=sys.stderr)
         return 1
@@ -139,7 +142,8 @@ def _versions(args, fn, errors):
     from shardrec.rank_runtime.serving.version_dirs import export_new_version
 
     def export(checkpoint, directory):
-        print("\n".join(export_saved_model(checkpoint, directory, fn, dict(args.feature)).lines()), flush=True)
+        print("\n".join(export_saved_model(checkpoint, directory, fn, dict(args.feature),
+                                           row_dtype=args.row_dtype).lines()), flush=True)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:

@@ -48,3 +48,17 @@ def check_choice(owner: str, name: str, value, choices):
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{_where(owner, name)} = {value!r} is not allowed; allowed: {allowed}")
     return value
+
+
+def check_dtype(owner: str, name: str, value, allowed: tuple):
+    """One of the TensorFlow dtypes `allowed` (a dtype or anything tf.as_dtype takes)."""
+    import tensorflow as tf
+
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in allowed:
+        names = ", ".join(f"tf.{d.name}" for d in allowed)
+        raise TypeError(f"{_where(owner, name)} must be one of {names}, got {value!r}")
+    return dtype

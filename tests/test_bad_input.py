@@ -41,7 +41,14 @@ CREATE_TABLE = [
     ("init_param", {"init_param": 10.5}, ValueError, r"'init_param' = 10.5 .*\[-10, 10\]"),
     ("all2all_gradients_op", {"all2all_gradients_op": "mean"}, ValueError,
      r"'all2all_gradients_op' = 'mean' .*'sum_gradients', 'sum_gradients_and_div_by_ranksize'"),
-    ("value_dtype", {"value_dtype": tf.float16}, TypeError, r"'value_dtype' must be tf.float32"),
+    ("value_dtype", {"value_dtype": tf.float64}, TypeError,
+     r"'value_dtype' must be one of tf.float32, tf.float16, tf.bfloat16, got tf.float64"),
+    ("slot_dtype", {"slot_dtype": tf.float16}, TypeError, r"'slot_dtype' must be one of tf.float32, tf.bfloat16, got "
+     r"tf.float16"),
+    ("stochastic_rounding", {"stochastic_rounding": "yes"}, TypeError, r"'stochastic_rounding' must be a bool"),
+    ("value_dtype with SSD", {"value_dtype": tf.bfloat16, "host_vocabulary_size": 8, "ssd_vocabulary_size": 64},
+     ValueError, r"16-bit rows .* and an SSD tier .* cannot be used together; allowed with an SSD tier: "
+     r"value_dtype=tf.float32"),
     ("shard_num", {"shard_num": 0}, ValueError, r"'shard_num' = 0"),
 ]
 

@@ -98,3 +98,18 @@ def test_the_records_are_the_bytes_tensorflow_s_serializer_writes():
     assert list(parsed["ids"].int64_list.value) == [2**62] * 26
     with pytest.raises(ValueError, match="non-negative"):
         workload.serialized_examples({"ids": -ids})
+
+
+def test_the_row_dtypes_benchmark_reports_every_configuration_against_float32():
+    """bench/row_dtypes.py in a few small steps: a line per (optimizer, dim) with every configuration's
+    bytes per row (the table's counters) and CPU time; 16-bit columns hold fewer bytes per row."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "row_dtypes.py"), "--dims", "8",
+                           "--optimizers", "lazy_adam", "--rounds", "1", "--steps", "2", "--warmup", "1",
+                           "--batch", "64"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [line] = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    sizes = {c: line[c]["bytes_per_row"] for c in ("float32", "float16", "bfloat16", "float16+bf16_slots")}
+    assert sizes == {"float32": 3 * 8 * 4 + 13, "float16": 8 * 2 + 2 * 8 * 4 + 13, "bfloat16": 8 * 2 + 2 * 8 * 4 + 13,
+                     "float16+bf16_slots": 3 * 8 * 2 + 13}, sizes
+    assert all(line[c]["cpu_us_per_id"] > 0 for c in sizes)

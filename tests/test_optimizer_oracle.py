@@ -207,9 +207,9 @@ def test_a_fused_update_leaves_an_earlier_read_of_the_table_as_it_was(graph):
     read = var.read_value()
     with tf.control_dependencies([read]):
         update = native_ops.load().shardrec_sparse_apply_sgd(var.handle, tf.constant([2, 0]),
-                                                             np.ones((2, 3), np.float32), 0.5)
+                                                             np.ones((2, 3), np.float32), 0.5, -1)
     outside = native_ops.load().shardrec_sparse_apply_sgd(var.handle, tf.constant([1, 4]), np.ones((2, 3), np.float32),
-                                                          0.5)
+                                                          0.5, -1)
     with tf.compat.v1.Session() as sess:
         sess.run(var.initializer)
         before, _ = sess.run([read, update])

@@ -114,6 +114,7 @@ def _plan_table(save_path, table, links, values_only):
                               f"{cfg.rank}, more than its capacity {table.max_rows()}; raise "
                               "device_vocabulary_size" + (f" or {MEMORY_LIMIT_ENV}" if table.expands else ""))
     columns = ["values"] + ([] if values_only else sorted(table.slots))
+    _say_conversions(table, parts[0].entry if parts else None, columns)
     used = table.index.size() > 0 or table.index.counters().inserted > 0
     return TablePlan(table, parts, keys, columns, admission, used)
 
@@ -253,6 +254,18 @@ def _check_layout(manifest_path, table, entry, values_only):
     if problems:
         raise CheckpointError(f"{manifest_path}: table {table.table_name!r} was saved with " + ", ".join(problems)
                               + "; restore it into a graph with the same table and optimizer")
+
+
+def _say_conversions(table, entry, columns):
+    """Logs the columns a checkpoint holds in another dtype than this job's table (float32 rows into
+    a 16-bit table, or 16-bit rows into a float32 one): the restore converts them, each to the nearest."""
+    if entry is None:
+        return
+    for column in columns:
+        saved, held = entry.files[column].dtype, table.store.column_dtype(table.columns[column])
+        if saved != held:
+            log.warning("table %r: the checkpoint holds %s as %s, this job as %s: converted on restore (to the "
+                        "nearest)", table.table_name, column, saved, held)
 
 
 def _admission_files(manifest_path, table, entry):

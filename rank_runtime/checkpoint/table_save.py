@@ -47,7 +47,9 @@ def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[s
         keys = state.keys
         files = {"keys": write_array(folder, "keys", keys)}
         for name, (nbytes, crc) in zip(names, digests):
-            files[name] = array_entry(f"{name}.npy", nbytes, crc, "<f4", (len(keys), table.dim))
+            # As the store holds the column: <f4, <f2 or bfloat16 (row_dtypes.py).
+            files[name] = array_entry(f"{name}.npy", nbytes, crc, table.store.column_dtype(table.columns[name]),
+                                      (len(keys), table.dim))
         admission = None
         if counts:
             if not state.exact:

@@ -78,11 +78,11 @@ def row_init(initializer, table_name: str, rank: int, why: str = "with dynamic e
                      f"random_normal, truncated_normal (tf.compat.v1 or Keras); got {initializer!r}")
 
 
-def expanding_rows(dim: int, table_name: str) -> int:
+def expanding_rows(dim: int, table_name: str, value_bytes: int = 4) -> int:
     """The rows a table with dynamic expansion reserves: as many as its memory limit could hold of
     values alone (reserving address space costs no memory)."""
     limit = memory_limit()
-    rows = min(MAX_ROWS, limit // (4 * dim))
+    rows = min(MAX_ROWS, limit // (value_bytes * dim))
     if rows < 1:
         raise ValueError(f"create_table({table_name!r}): {MEMORY_LIMIT_ENV} = {limit} bytes cannot hold one row of "
                          f"dim {dim}")
@@ -90,15 +90,16 @@ def expanding_rows(dim: int, table_name: str) -> int:
 
 
 def make_store(native_core, name: str, dim: int, capacity: int, expands: bool, emb_initializer, init_param: float,
-               rank: int, draws_natively: bool = False) -> tuple:
+               rank: int, draws_natively: bool = False, values_format: int = 0) -> tuple:
     """(store, rows it may hold): the store of a fixed table (capacity rows) or of one that grows.
-    draws_natively: a fixed table with an SSD tier, whose rows the native core draws per key."""
+    draws_natively: a fixed table with an SSD tier, whose rows the native core draws per key.
+    values_format: 0 float32, 1 float16, 2 bfloat16 (row_dtypes.py)."""
     if not expands:
         init = row_init(emb_initializer, name, rank, "with an SSD tier", per_rank=False) if draws_natively else RowInit(0)
         return native_core.RowStore(name, dim, capacity + 1, 0, init.kind, init.a, init.b, init.seed & (2**64 - 1),
-                                    float(init_param) if draws_natively else 1.0), capacity
+                                    float(init_param) if draws_natively else 1.0, values_format), capacity
     init = row_init(emb_initializer, name, rank)
-    rows, limit = expanding_rows(dim, name)
+    rows, limit = expanding_rows(dim, name, 4 if values_format == 0 else 2)
     store = native_core.RowStore(name, dim, rows + 1, limit, init.kind, init.a, init.b, init.seed & (2**64 - 1),
-                                 float(init_param))
+                                 float(init_param), values_format)
     return store, rows

@@ -19,6 +19,7 @@ from tensorflow.core.framework import attr_value_pb2
 from ..process import config
 from . import native_ops
 from ..process.logs import get_logger, warn_once
+from .row_dtypes import RowDtypes, row_dtypes
 from .row_store import make_store
 from ..serving import export as serving_export
 from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
@@ -42,8 +43,11 @@ class EmbeddingTable:
     """One rank's shard of a sparse table."""
 
     def __init__(self, name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                 init_param, is_save, all2all_gradients_op, expands=False, rank=0, ssd=None):
+                 init_param, is_save, all2all_gradients_op, expands=False, rank=0, ssd=None,
+                 rows: RowDtypes = RowDtypes()):
         self.table_name = name
+        # How the store holds values and optimizer slots (row_dtypes.py).
+        self.row_dtypes = rows
         self.key_dtype = key_dtype
         self.dim = dim
         self.device_vocabulary_size = device_vocabulary_size
@@ -60,7 +64,8 @@ class EmbeddingTable:
         # The SSD tier (tiers.SsdTier, or None): the store's rows are then the memory tier.
         self.ssd = ssd
         self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank,
-                                      draws_natively=ssd is not None)
+                                      draws_natively=ssd is not None, values_format=self.row_dtypes.values_format)
+        self.store.stochastic_rounding = self.row_dtypes.stochastic_rounding
         native_ops.register_store(self.store)
         weakref.finalize(self, native_ops.unregister_store, self.store)
         # The key index of a fixed table is sized for all its rows at once (no batch stalls on a
@@ -144,8 +149,9 @@ class EmbeddingTable:
         store whose rows start at the scalar `initial_value`."""
         if name in self.slots:
             return self.slots[name]
-        column = self.store.add_column(float(initial_value))
-        variable = self._bound_variable(variable_name, column, None, [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+        column = self.store.add_column(float(initial_value), self.row_dtypes.slots_format)
+        variable = self._bound_variable(variable_name, column, None, [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES],
+                                        self.row_dtypes.slots)
         self.register_slot(name, variable)
         self.columns[name] = column
         return variable
@@ -158,21 +164,29 @@ class EmbeddingTable:
                 return emb_initializer([rows + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param,
                                                                                              tf.float32)
         return self._bound_variable(self.table_name, 0, initial,
-                                    [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION])
+                                    [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION],
+                                    self.row_dtypes.values)
 
-    def _bound_variable(self, name, column, initial, collections):
-        """A resource variable whose tensor is `column` of the row store (bound by its initializer;
-        `initial`, for the values of a fixed-size table, gives TensorFlow's initial values)."""
+    def _bound_variable(self, name, column, initial, collections, dtype=tf.float32):
+        """A resource variable of `dtype` whose tensor is `column` of the row store (bound by its
+        initializer; `initial`, for the values of a fixed-size table, gives TensorFlow's float32
+        initial values, which a 16-bit column takes to the nearest 16-bit number)."""
         shape = [self.store.rows, self.dim]
         # Not trainable: a dense optimizer must never touch a table (it would update every row);
         # the sparse optimizers find tables through their own collection. Host memory always: the
         # store is host memory and the op library's kernels are CPU kernels.
         _say_tables_stay_on_the_host()
         with tf.device("/cpu:0"):
+            # Never run: the bind op below is the initializer (a float32 variable's initial value
+            # is its input).
+            empty = lambda: tf.raw_ops.Empty(shape=shape, dtype=dtype)  # noqa: E731
             variable = tf.compat.v1.Variable(
-                initial or (lambda: tf.raw_ops.Empty(shape=shape, dtype=tf.float32)), name=name, trainable=False,
-                use_resource=True, shape=shape, dtype=tf.float32, collections=collections)
-            given = variable.initial_value if initial else tf.zeros([0, self.dim])
+                initial if initial and dtype == tf.float32 else empty, name=name, trainable=False,
+                use_resource=True, shape=shape, dtype=dtype, collections=collections)
+            if not initial:
+                given = tf.zeros([0, self.dim])
+            else:
+                given = variable.initial_value if dtype == tf.float32 else initial()
             variable._initializer_op = native_ops.store_bind(variable, self.store, column, given)
         return variable
 
@@ -204,6 +218,7 @@ class EmbeddingTable:
         return TableCounters(index=self.index.counters(), size=self.size(), capacity=self.capacity(),
                              pending=self.index.pending(), held_back=self.index.held_back(),
                              index_bytes=self.index.memory_bytes(), store=self.store.bytes(), dim=self.dim,
+                             bytes_per_row=self.store.bytes_per_row,
                              tier=self.ssd.counters(self.index) if self.ssd is not None else None)
 
     def admission_counters(self) -> "AdmissionCounters":
@@ -259,9 +274,10 @@ def _say_tables_stay_on_the_host():
 def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabulary_size: int = 1,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
-                 shard_num: int = 1, **kwargs) -> "EmbeddingTable":
+                 shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
-    out-of-range value raises naming the parameter, its value and what is allowed."""
+    out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
+    float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py)."""
     owner = "create_table"
     exporting = serving_export.active()
     if exporting is not None:  # an export graph: the table's rows come from the checkpoint (serving/)
@@ -287,13 +303,12 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     check_type(owner, "is_save", is_save, bool, "a bool")
     init_param = check_number(owner, "init_param", init_param, -10, 10)
     check_choice(owner, "all2all_gradients_op", all2all_gradients_op, _GRADIENT_OPS)
-    try:
-        value_ok = tf.as_dtype(value_dtype) == tf.float32
-    except TypeError:
-        value_ok = False
-    if not value_ok:
-        raise TypeError(f"{owner}: parameter 'value_dtype' must be tf.float32, got {value_dtype!r}")
     check_int(owner, "shard_num", shard_num, 1, 1)
+    rows = row_dtypes(owner, value_dtype, slot_dtype, stochastic_rounding)
+    if rows.compact and ssd_vocabulary_size > 0:
+        raise ValueError(f"{owner}: 16-bit rows (value_dtype={rows.values.name}, slot_dtype={rows.slots.name}) and an "
+                         "SSD tier (ssd_vocabulary_size > 0) cannot be used together; allowed with an SSD tier: "
+                         "value_dtype=tf.float32")
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
     # On a CPU host the device and host tiers are both this process's memory: their sum is the
@@ -303,7 +318,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     if ssd_vocabulary_size > 0:
         ssd = SsdTier(paths, math.ceil(ssd_vocabulary_size / cfg.size), swap_policy())
     table = EmbeddingTable(name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank, ssd)
+                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank, ssd, rows)
     cfg.tables[name] = table
     if ssd is not None:
         log.info("table %r: dim %d, %d rows per rank in memory (device + host vocabulary) and up to %d on SSD under "
@@ -313,6 +328,10 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
                  name, dim, table.max_rows(), cfg.size)
     else:
         log.info("table %r: dim %d, %d rows per rank (%d ranks)", name, dim, capacity, cfg.size)
+    if rows.compact:
+        log.info("table %r: values in %s, optimizer slots in %s, %s rounding (bytes per row: "
+                 "table.counters().bytes_per_row)", name, rows.values.name, rows.slots.name,
+                 "stochastic" if rows.stochastic_rounding else "nearest")
     return table
 
 
@@ -379,6 +398,7 @@ class TableCounters:
     index_bytes: int
     store: Any  # shardrec.native.core.StoreBytes: values, slots, metadata
     dim: int
+    bytes_per_row: int = 0  # memory of one row in use: values, every slot column, metadata
     tier: Optional[TierCounters] = None
 
     @property
@@ -401,7 +421,7 @@ class TableCounters:
     def as_dict(self) -> dict:
         out = dict(self.index.as_dict(), size=self.size, capacity=self.capacity, pending=self.pending,
                    held_back=self.held_back, index_bytes=self.index_bytes, value_bytes=self.store.values,
-                   slot_bytes=self.store.slots, metadata_bytes=self.store.metadata)
+                   slot_bytes=self.store.slots, metadata_bytes=self.store.metadata, bytes_per_row=self.bytes_per_row)
         if self.tier is not None:
             out.update(self.tier.as_dict())
         out.update(key_bytes_sent=self.key_bytes_sent, key_bytes_received=self.key_bytes_received,

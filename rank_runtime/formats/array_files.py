@@ -15,6 +15,13 @@ import numpy as np
 
 MANIFEST = "MANIFEST.json"
 CHUNK = 64 * 2**20  # bytes read at a time
+# A table's 16-bit rows (embedding/row_dtypes.py) are written as the store holds them: float16 as
+# numpy's '<f2', bfloat16 (which numpy lacks) as its raw bits, an .npy of '<u2' that the manifest
+# names bfloat16. Both are read back as float32, exactly (every 16-bit number is a float32 one):
+# whatever reads a checkpoint's rows sees float32, and a store of 16-bit rows takes them back
+# to the same 16 bits.
+BFLOAT16 = "bfloat16"
+_NPY_DTYPE = {BFLOAT16: "<u2"}
 
 
 class CheckpointError(ValueError):
@@ -102,7 +109,7 @@ def parse_header(path, stream, entry):
         shape, fortran, dtype = read_header(stream)
     except ValueError as e:
         raise CheckpointError(f"{path}: not an array file ({e})") from None
-    if tuple(shape) != entry.shape or dtype.str != entry.dtype or fortran or dtype.hasobject:
+    if tuple(shape) != entry.shape or dtype.str != _NPY_DTYPE.get(entry.dtype, entry.dtype) or fortran or dtype.hasobject:
         raise CheckpointError(f"{path}: holds {dtype.str}{list(shape)}, the manifest says {entry.dtype}{list(entry.shape)}")
     return shape, dtype
 
@@ -140,8 +147,8 @@ def stream_array(shard_dir: str, entry: ArrayEntry, what: str, chunk_bytes: int 
             if usable:
                 crc = zlib.crc32(view[:usable], crc)
                 rows = usable // row_bytes
-                yield first, np.frombuffer(buf, dtype=dtype, count=rows * (row_bytes // dtype.itemsize)).reshape(
-                    (rows, *shape[1:]))
+                yield first, as_float32(np.frombuffer(buf, dtype=dtype, count=rows * (row_bytes // dtype.itemsize))
+                                        .reshape((rows, *shape[1:])), entry)
                 first += rows
             if got < len(buf):
                 crc = zlib.crc32(view[usable:got], crc)
@@ -168,8 +175,8 @@ def map_array(shard_dir: str, entry: ArrayEntry, what: str, chunk_bytes: int = C
     dropped = 0
     for first in range(0, shape[0], step):
         rows = min(step, shape[0] - first)
-        yield first, np.frombuffer(mapped, dtype=dtype, count=rows * (row_bytes // dtype.itemsize),
-                                   offset=start + first * row_bytes).reshape((rows, *shape[1:]))
+        yield first, as_float32(np.frombuffer(mapped, dtype=dtype, count=rows * (row_bytes // dtype.itemsize),
+                                              offset=start + first * row_bytes).reshape((rows, *shape[1:])), entry)
         end = (start + (first + rows) * row_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > dropped:
             mapped.madvise(mmap.MADV_DONTNEED, dropped, end - dropped)
@@ -187,4 +194,13 @@ def read_array(shard_dir: str, entry: ArrayEntry, what: str) -> np.ndarray:
         raise CheckpointError(f"{path}: checksum mismatch ({what}); the file is corrupt")
     stream = io.BytesIO(buf)
     shape, dtype = parse_header(path, stream, entry)
-    return np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape)
+    return as_float32(np.frombuffer(buf, dtype=dtype, offset=stream.tell()).reshape(shape), entry)
+
+
+def as_float32(array: np.ndarray, entry: ArrayEntry) -> np.ndarray:
+    """16-bit rows as float32 (exact); any other array as it is."""
+    if entry.dtype == "<f2":
+        return array.astype(np.float32)
+    if entry.dtype == BFLOAT16:
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array

@@ -8,9 +8,9 @@ from .base import SparseOptimizerMixin, check_learning_rate
 
 class SparseAdagrad(SparseOptimizerMixin, tf.compat.v1.train.AdagradOptimizer):
     def _resource_apply_sparse(self, grad, var, indices):
-        lr = tf.cast(self._learning_rate_tensor, var.dtype.base_dtype)
+        lr = tf.cast(self._learning_rate_tensor, tf.float32)
         return native_ops.load().shardrec_sparse_apply_adagrad(var.handle, self.get_slot(var, "accumulator").handle,
-                                                               indices, grad, lr)
+                                                               indices, grad, lr, self._rounding_step(var))
 
 
 def create_hash_optimizer(learning_rate: float = 0.001, initial_accumulator_value: float = 0.9, use_locking: bool = False,

@@ -86,7 +86,20 @@ class SparseOptimizerMixin:
         """A gradient summed over several lookups of a table: TensorFlow's dedup, then the update."""
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
+    def _rounding_step(self, var) -> tf.Tensor:
+        """What seeds a 16-bit table's stochastic rounding: the global step before this update, so
+        that a resumed job rounds as an uninterrupted one; -1 (the table's own count of updates)
+        without one, and for a float32 table, which does not round."""
+        table = table_of_variable(var)
+        step = getattr(self, "_global_step_for_rounding", None)
+        if step is None:
+            step = tf.compat.v1.train.get_global_step()
+        if table is None or not table.row_dtypes.compact or step is None:
+            return tf.constant(-1, tf.int64)
+        return tf.cast(step, tf.int64)
+
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        self._global_step_for_rounding = global_step
         pairs = self._table_pairs(grads_and_vars)
         op = super().apply_gradients(pairs, global_step=global_step, name=name)
         for _, var in pairs:

@@ -16,11 +16,12 @@ class SparseFtrl(SparseOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
             self._zeros_slot(v, "linear", self._linear_name or self._name)
 
     def _resource_apply_sparse(self, grad, var, indices):
-        dtype = var.dtype.base_dtype
+        dtype = tf.float32  # a 16-bit table's arithmetic, too
         return native_ops.load().shardrec_sparse_apply_ftrl(
             var.handle, self.get_slot(var, "accum").handle, self.get_slot(var, "linear").handle, indices, grad,
             tf.cast(self._learning_rate_tensor, dtype), tf.cast(self._l1_regularization_strength_tensor, dtype),
-            tf.cast(self._adjusted_l2_regularization_strength_tensor, dtype), tf.cast(self._learning_rate_power_tensor, dtype))
+            tf.cast(self._adjusted_l2_regularization_strength_tensor, dtype), tf.cast(self._learning_rate_power_tensor, dtype),
+            self._rounding_step(var))
 
 
 def create_hash_optimizer(learning_rate: float = 0.001, learning_rate_power: float = -0.5,

@@ -16,8 +16,8 @@ class SparseGradientDescent(SparseOptimizerMixin, _SGD):
                                                                                      **kwargs)
 
     def _resource_apply_sparse(self, grad, var, indices):
-        lr = tf.cast(self._learning_rate_tensor, var.dtype.base_dtype)
-        return native_ops.load().shardrec_sparse_apply_sgd(var.handle, indices, grad, lr)
+        lr = tf.cast(self._learning_rate_tensor, tf.float32)
+        return native_ops.load().shardrec_sparse_apply_sgd(var.handle, indices, grad, lr, self._rounding_step(var))
 
 
 def create_hash_optimizer(learning_rate: float, use_locking: bool = False,

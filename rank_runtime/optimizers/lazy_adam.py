@@ -14,7 +14,7 @@ from .base import SparseOptimizerMixin, check_learning_rate
 class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
     def _resource_apply_sparse(self, grad, var, indices):
         beta1_power, beta2_power = self._get_beta_accumulators()
-        dtype = var.dtype.base_dtype
+        dtype = tf.float32  # a 16-bit table's arithmetic, too
         beta1 = tf.cast(self._beta1_t, dtype)
         beta2 = tf.cast(self._beta2_t, dtype)
         eps = tf.cast(self._epsilon_t, dtype)
@@ -22,7 +22,7 @@ class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
         m = self.get_slot(var, "m")
         v = self.get_slot(var, "v")
         return native_ops.load().shardrec_sparse_apply_lazy_adam(var.handle, m.handle, v.handle, indices, grad, lr,
-                                                                 beta1, beta2, eps)
+                                                                 beta1, beta2, eps, self._rounding_step(var))
 
 
 def check_adam_parameters(owner: str, learning_rate, beta1, beta2, epsilon) -> tuple:

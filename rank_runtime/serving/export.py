@@ -21,6 +21,7 @@ from ..process.state import STATE
 from ..formats.sparse_checkpoint import CheckpointError, move_into_place
 from .saved_rows import SavedTables, saved_tables
 from .stock_table import StockTable
+from ..validation import check_dtype
 
 log = get_logger("shardrec.serving")
 
@@ -59,7 +60,8 @@ class ServingExport:
     """The export in progress: the checkpoint's tables, the stock tables built from them so far,
     and which receiver features the lookups read."""
 
-    def __init__(self, save_path):
+    def __init__(self, save_path, row_dtype=tf.float32):
+        self.row_dtype = row_dtype
         self.saved: SavedTables = saved_tables(save_path)
         self.tables = {}
         self.features_read = set()
@@ -74,7 +76,7 @@ class ServingExport:
                                   f"model creates it with dim {dim}")
         if name in self.tables:
             raise ValueError(f"create_table: a table named {name!r} already exists in this export graph")
-        self.tables[name] = StockTable(name, key_dtype, dim, saved.rows)
+        self.tables[name] = StockTable(name, key_dtype, dim, saved.rows, self.row_dtype)
         return self.tables[name]
 
     def lookup(self, table, ids, batch, serving_default_value, name, combiner=None, weights=None) -> tf.Tensor:
@@ -128,12 +130,12 @@ def active() -> "ServingExport | None":
 
 
 @contextlib.contextmanager
-def exporting(save_path):
+def exporting(save_path, row_dtype=tf.float32):
     """Makes the graph built inside an export graph (create_table, sparse_lookup stock ops);
     save_path: a checkpoint prefix, or every rank's prefix of one saved under a path per rank."""
     if STATE.serving_export is not None:
         raise RuntimeError("an export is already in progress in this process")
-    STATE.serving_export = ServingExport(save_path)
+    STATE.serving_export = ServingExport(save_path, row_dtype)
     try:
         yield STATE.serving_export
     finally:
@@ -185,8 +187,8 @@ def _check_target(export_dir: str, overwrite: bool) -> None:
                               "overwrite=True (--overwrite) to replace it")
 
 
-def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict, overwrite: bool = False
-                       ) -> ExportSummary:
+def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict, overwrite: bool = False,
+                       row_dtype=tf.float32) -> ExportSummary:
     """Writes a SavedModel of stock TensorFlow ops to `export_dir` (tf.Session mode).
 
     checkpoint: a dense checkpoint prefix (<dir>/model.ckpt-N), a model directory (its newest), or
@@ -196,13 +198,17 @@ def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict,
     sparse_lookup with the features' tensors or FeatureSpecs and batch=features); it is called in
     a new graph with a placeholder for every entry of `inputs` ({name: tf.TensorSpec}).
     The signature "serving_default" maps `inputs` to model_fn's outputs. Nothing is written when
-    the checkpoint is damaged or the graph cannot be built."""
+    the checkpoint is damaged or the graph cannot be built.
+    row_dtype: how the export holds the tables' rows: tf.float32 (the default, whatever the tables
+    were trained in), or tf.float16 / tf.bfloat16 (half the memory; the rows of a table trained in
+    that dtype exactly, others each to the nearest). Lookups return float32 either way."""
     started = time.monotonic()
+    row_dtype = check_dtype("export_saved_model", "row_dtype", row_dtype, (tf.float32, tf.float16, tf.bfloat16))
     _check_target(export_dir, overwrite)
     if not isinstance(inputs, dict) or not inputs or not all(isinstance(s, tf.TensorSpec) for s in inputs.values()):
         raise TypeError("export_saved_model: inputs must be a non-empty dict of feature name -> tf.TensorSpec")
     save_path = resolve_checkpoint(checkpoint)
-    with tf.Graph().as_default(), exporting(save_path) as export:
+    with tf.Graph().as_default(), exporting(save_path, row_dtype) as export:
         features = {name: tf.compat.v1.placeholder(s.dtype, s.shape, name=name) for name, s in inputs.items()}
         outputs = model_fn(features)
         if not isinstance(outputs, dict) or not outputs or not all(isinstance(t, tf.Tensor) for t in outputs.values()):

@@ -11,6 +11,7 @@ into the graph's collection LAYOUT_COLLECTION, which the SavedModel keeps, for s
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import tensorflow as tf
 
 from ..validation import check_type
@@ -39,16 +40,18 @@ class TableLayout:
 
 
 class StockTable:
-    """A table of `rows` keys in an export graph; filled by `fill(sess, keys, values)`."""
+    """A table of `rows` keys in an export graph; filled by `fill(sess, keys, values)`. Rows are held
+    in `row_dtype` (float32, or float16 / bfloat16 for half the memory: a 16-bit table's rows as they
+    were trained) and looked up as float32."""
 
-    def __init__(self, name: str, key_dtype: tf.DType, dim: int, rows: int):
+    def __init__(self, name: str, key_dtype: tf.DType, dim: int, rows: int, row_dtype: tf.DType = tf.float32):
         self.table_name = name
         self.key_dtype = key_dtype
         self.dim = dim
         self.rows = rows
         with tf.name_scope(f"{name}/"):
             self._keys_in = tf.compat.v1.placeholder(tf.int64, [rows], name="keys_in")
-            self._values_in = tf.compat.v1.placeholder(tf.float32, [rows + 1, dim], name="values_in")
+            self._values_in = tf.compat.v1.placeholder(row_dtype, [rows + 1, dim], name="values_in")
             self.keys = tf.compat.v1.Variable(self._keys_in, trainable=False, name="keys", use_resource=True)
             self.values = tf.compat.v1.Variable(self._values_in, trainable=False, name="values", use_resource=True)
             self.index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=rows,
@@ -63,6 +66,7 @@ class StockTable:
         return [self.keys, self.values]
 
     def fill(self, sess, keys, values) -> None:
+        values = np.asarray(values, self._values_in.dtype.as_numpy_dtype)  # each to the nearest
         sess.run([self.keys.initializer, self.values.initializer],
                  feed_dict={self._keys_in: keys, self._values_in: values})
 
@@ -73,7 +77,7 @@ class StockTable:
             raise TypeError(f"sparse_lookup: ids of table {self.table_name!r} must be int32 or int64, got {ids.dtype.name}")
         with tf.name_scope(name or f"{self.table_name}_lookup"):
             row = self.index.lookup(tf.cast(ids, tf.int64))
-            emb = tf.gather(self.values, row)
+            emb = tf.cast(tf.gather(self.values, row), tf.float32)
             if serving_default_value is not None:
                 default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [self.dim])
                 emb = tf.where(tf.equal(row, self.rows)[..., None], tf.broadcast_to(default, tf.shape(emb)), emb)

@@ -4,7 +4,7 @@ and save after; dumps what every rank holds afterwards.
     mpiexec -np N python ckpt_job.py --out DIR --tag T --start S --end E [--restore PATH] [--save PREFIX]
                                      [--per-rank-prefix] [--dim D] [--optimizer lazy_adam|sgd]
                                      [--restore-latest DIR] [--catch-restore] [--rank1-save PREFIX]
-                                     [--catch-save]
+                                     [--catch-save] [--value-dtype float16|bfloat16] [--slot-dtype bfloat16]
 
 --restore-latest DIR restores tf.train.latest_checkpoint(DIR), which every rank prints after its
 save as "LATEST rank=<r> path=<file name>". --catch-restore: a failing restore prints
@@ -47,7 +47,7 @@ def my_batches(start, end, rank, size):
     return {k: v[rows] for k, v in data.items()}, local
 
 
-def build(dim=4, optimizer="lazy_adam", start=0, end=0, vocab=2000):
+def build(dim=4, optimizer="lazy_adam", start=0, end=0, vocab=2000, value_dtype="float32", slot_dtype=None):
     """The job's graph in the default graph (after init()): a dict of what the job runs."""
     rank, size = get_rank_id(), get_rank_size()
     data, local = my_batches(start, end, rank, size)
@@ -57,7 +57,8 @@ def build(dim=4, optimizer="lazy_adam", start=0, end=0, vocab=2000):
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
     batch = iterator.get_next()
     emb_table = create_table(tf.int64, dim, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=2),
-                             device_vocabulary_size=vocab, all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+                             device_vocabulary_size=vocab, all2all_gradients_op="sum_gradients_and_div_by_ranksize",
+                             value_dtype=value_dtype, slot_dtype=slot_dtype)
     wide_table = create_table(tf.int64, 1, "wide", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3),
                               device_vocabulary_size=1000, all2all_gradients_op="sum_gradients_and_div_by_ranksize")
     emb = sparse_lookup(emb_table, specs[0], batch=batch)
@@ -83,9 +84,10 @@ def dump(sess, g):
     for table in g["tables"]:
         keys, rows_at = table.index.export()
         out[f"{table.table_name}.keys"] = keys
-        out[f"{table.table_name}.values"] = sess.run(table.variable)[rows_at]
+        # float32 (exact for 16-bit rows): an .npz holds no bfloat16
+        out[f"{table.table_name}.values"] = sess.run(table.variable)[rows_at].astype(np.float32)
         for slot, var in table.slots.items():
-            out[f"{table.table_name}.{slot}"] = sess.run(var)[rows_at]
+            out[f"{table.table_name}.{slot}"] = sess.run(var)[rows_at].astype(np.float32)
     return out
 
 
@@ -106,13 +108,15 @@ def main():
     p.add_argument("--optimizer", default="lazy_adam", choices=["lazy_adam", "sgd"])
     p.add_argument("--extra-keys", type=int, default=0, help="keys added to 'emb' before saving (a big save)")
     p.add_argument("--vocab", type=int, default=2000, help="device_vocabulary_size of 'emb'")
+    p.add_argument("--value-dtype", default="float32", help="value_dtype of 'emb'")
+    p.add_argument("--slot-dtype", default=None, help="slot_dtype of 'emb'")
     args = p.parse_args()
 
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.set_random_seed(5)
     init()
     rank, size = get_rank_id(), get_rank_size()
-    g = build(args.dim, args.optimizer, args.start, args.end, args.vocab)
+    g = build(args.dim, args.optimizer, args.start, args.end, args.vocab, args.value_dtype, args.slot_dtype)
     start_asc_pipeline()
     losses = []
     with tf.compat.v1.Session() as sess:

@@ -1,7 +1,10 @@
 """Deterministic training over fixed global batches, each rank taking its slice of every global
 batch. Writes, per optimizer and rank, the keys this rank holds, their rows and the dense weights.
 
-    mpiexec -np N python oracle_train.py OUT_DIR [div|sum|div,sum]
+    mpiexec -np N python oracle_train.py OUT_DIR [div|sum|div,sum] [float16|bfloat16]
+
+A third argument holds the table's values in that 16-bit dtype, rounded to the nearest (the oracle
+of test_row_dtypes.py: TensorFlow's float32 arithmetic on a 16-bit variable).
 
 div (default): tables use all2all_gradients_op="sum_gradients_and_div_by_ranksize", each rank's
 loss is the mean over its slice, Horovod averages dense gradients. sum: the default
@@ -42,7 +45,7 @@ def my_slice(data, rank, size):
     return {k: v[rows] for k, v in data.items()}, local
 
 
-def train(opt_name, out_dir, mode):
+def train(opt_name, out_dir, mode, value_dtype=tf.float32):
     tf.compat.v1.reset_default_graph()
     init()
     rank, size = get_rank_id(), get_rank_size()
@@ -55,7 +58,8 @@ def train(opt_name, out_dir, mode):
     # Every row starts equal, so the oracle does not depend on which row a key lands in.
     gradients_op = "sum_gradients" if mode == "sum" else "sum_gradients_and_div_by_ranksize"
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=256,
-                         all2all_gradients_op=gradients_op)
+                         all2all_gradients_op=gradients_op, value_dtype=value_dtype,
+                         stochastic_rounding=False)
     emb = sparse_lookup(table, spec, batch=batch)
     w = tf.compat.v1.get_variable("w", [FIELDS * DIM + DENSE, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
     pred = tf.squeeze(tf.matmul(tf.concat([tf.reshape(emb, [-1, FIELDS * DIM]), batch["x"]], 1), w), 1)
@@ -81,16 +85,19 @@ def train(opt_name, out_dir, mode):
             except tf.errors.OutOfRangeError:
                 break
         rows, w_value = sess.run([table.variable, w])
+        rows = rows.astype(np.float32)
     keys, slots = table.index.export()
     global_size = table.global_size()
     np.savez(os.path.join(out_dir, f"{mode}-{opt_name}-rank{rank}-of{size}.npz"), keys=keys, rows=rows[slots], w=w_value,
-             steps=steps, global_size=global_size, local_size=table.size())
+             steps=steps, global_size=global_size, local_size=table.size(),
+             bytes_per_row=table.counters().bytes_per_row)
     lifecycle.terminate_config_initializer()
 
 
 if __name__ == "__main__":
     tf.compat.v1.disable_eager_execution()
     # Both modes in one job when asked: one start of MPI, TensorFlow and Horovod for both.
+    dtype = tf.as_dtype(sys.argv[3]) if len(sys.argv) > 3 else tf.float32
     for mode in (sys.argv[2] if len(sys.argv) > 2 else "div").split(","):
         for name in OPTIMIZERS:
-            train(name, sys.argv[1], mode)
+            train(name, sys.argv[1], mode, dtype)

@@ -125,14 +125,21 @@ class IndexExport {
     const size_t n = state.keys.size(), width = static_cast<size_t>(dim);
     chunk_rows = std::max<size_t>(1, std::min(chunk_rows, n));
     std::vector<float> chunk(chunk_rows * width);
-    const std::string header = npy_header("<f4", {static_cast<int64_t>(n), dim});
+    std::vector<uint16_t> narrow(chunk_rows * width);
     std::vector<FileDigest> files;
     for (size_t j = 0; j < columns.size(); ++j) {
-      ArrayFileWriter file(paths.at(j), header);
+      // As the column holds them: a 16-bit column's rows go back to 16 bits exactly.
+      const RowFormat format = located_.format(columns[j]);
+      ArrayFileWriter file(paths.at(j), npy_header(npy_descr(format), {static_cast<int64_t>(n), dim}));
       for (size_t b = 0; b < n; b += chunk_rows) {
         const size_t m = std::min(chunk_rows, n - b);
         located_.read(columns[j], state.keys.data() + b, state.rows.data() + b, m, chunk.data());
-        file.write(chunk.data(), m * width * sizeof(float));
+        if (format == RowFormat::kFloat32) {
+          file.write(chunk.data(), m * width * sizeof(float));
+        } else {
+          narrow_nearest(chunk.data(), m * width, format, narrow.data());
+          file.write(narrow.data(), m * width * sizeof(uint16_t));
+        }
       }
       files.push_back(file.finish());
     }

@@ -20,6 +20,7 @@ class LocatedRows {
       : store_(store), at_(at), ssd_(ssd) {}
 
   bool on_ssd(int32_t loc) const { return at_.on_ssd(loc); }
+  RowFormat format(int c) const { return store_->format(c); }
 
   uint32_t& count(int32_t loc) { return at_.on_ssd(loc) ? ssd_->count(loc) : store_->counts()[loc]; }
   int64_t& ts(int32_t loc) { return at_.on_ssd(loc) ? ssd_->last_seen(loc) : store_->last_seen()[loc]; }
@@ -34,8 +35,8 @@ class LocatedRows {
       store_->changed()[loc] = flag;
   }
 
-  // Column `c` of the rows at `locs` (which hold `keys`) / written from `in`: SSD rows are checked
-  // against their keys and checksums.
+  // Column `c` of the rows at `locs` (which hold `keys`) as float32 / written from float32 `in`: SSD
+  // rows are checked against their keys and checksums.
   void read(int c, const int64_t* keys, const int32_t* locs, size_t n, float* out) const {
     if (!ssd_) {
       store_->read_rows(c, locs, static_cast<int64_t>(n), out);
@@ -46,7 +47,7 @@ class LocatedRows {
       if (at_.on_ssd(locs[i]))
         ssd_->read_row(c, keys[i], locs[i], out + i * dim);
       else
-        std::memcpy(out + i * dim, store_->column(c) + static_cast<int64_t>(locs[i]) * dim, dim * sizeof(float));
+        store_->read_rows(c, locs + i, 1, out + i * dim);
     }
   }
   void write(int c, const int64_t* keys, const int32_t* locs, size_t n, const float* in) {
@@ -55,7 +56,7 @@ class LocatedRows {
       if (at_.on_ssd(locs[i]))
         ssd_->write_row(c, keys[i], locs[i], in + i * dim);
       else
-        std::memcpy(store_->column(c) + static_cast<int64_t>(locs[i]) * dim, in + i * dim, dim * sizeof(float));
+        store_->write_rows(c, locs + i, 1, in + i * dim);
     }
   }
 

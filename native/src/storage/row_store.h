@@ -1,5 +1,5 @@
 // One table shard's rows, in memory the native core owns: the embedding values, one column per
-// optimizer slot, and per-row metadata (occurrence count, last-seen timestamp, and a byte that says
+// optimizer slot (each column float32 or 16-bit, row_format.h), and per-row metadata (occurrence count, last-seen timestamp, and a byte that says
 // whether the row changed since the last checkpoint, for incremental saves).
 //
 // Each column is one reservation of address space for every row the shard may ever hold (mmap,
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "exchange/channel.h"
+#include "storage/row_format.h"
 
 namespace shardrec {
 
@@ -78,12 +79,14 @@ class RowStore {
 
   // `rows`: every row the shard may hold (the sentinel included); memory_limit: bytes of rows in
   // use (all columns and metadata) at which growth stops, 0 for none.
-  RowStore(const std::string& name, int64_t dim, int64_t rows, int64_t memory_limit, RowInit init)
+  RowStore(const std::string& name, int64_t dim, int64_t rows, int64_t memory_limit, RowInit init,
+           RowFormat values_format = RowFormat::kFloat32)
       : dim_(dim), rows_(rows), memory_limit_(memory_limit), init_(init) {
     if (dim < 1 || rows < 1) throw std::invalid_argument("row store: dim and rows must be >= 1");
     std::snprintf(name_, sizeof(name_), "%s", name.c_str());
     reserved_rows_ = (rows + kChunkRows - 1) / kChunkRows * kChunkRows;
-    columns_[0] = static_cast<float*>(reserve(reserved_rows_ * dim_ * sizeof(float)));
+    formats_[0] = values_format;
+    columns_[0] = reserve(column_bytes(0));
     column_init_[0] = 0;
     n_columns_ = 1;
     counts_ = static_cast<uint32_t*>(reserve(reserved_rows_ * sizeof(uint32_t)));
@@ -97,7 +100,7 @@ class RowStore {
       if (c == 0 && release_values_ != nullptr)
         release_values_(values_owner_);
       else
-        munmap(columns_[c], reserved_rows_ * dim_ * sizeof(float));
+        munmap(columns_[c], column_bytes(c));
     }
     munmap(counts_, reserved_rows_ * sizeof(uint32_t));
     munmap(last_seen_, reserved_rows_ * sizeof(int64_t));
@@ -117,7 +120,21 @@ class RowStore {
   int64_t dim() const { return dim_; }
   int64_t rows() const { return rows_; }
   int n_columns() const { return n_columns_; }
-  float* column(int c) const { return columns_[c]; }
+  void* column_data(int c) const { return columns_[c]; }
+  RowFormat format(int c) const { return formats_[c]; }
+  bool all_float32() const {
+    for (int c = 0; c < n_columns_; ++c)
+      if (formats_[c] != RowFormat::kFloat32) return false;
+    return true;
+  }
+  // A float32 column (the SSD tier, which holds float32 rows only).
+  float* column(int c) const {
+    if (formats_[c] != RowFormat::kFloat32)
+      throw std::logic_error(std::string("table '") + name_ + "': column " + std::to_string(c) + " is 16-bit");
+    return static_cast<float*>(columns_[c]);
+  }
+  // Bytes of every reserved row of column c.
+  size_t column_bytes(int c) const { return reserved_rows_ * dim_ * element_bytes(formats_[c]); }
   uint32_t* counts() const { return counts_; }
   int64_t* last_seen() const { return last_seen_; }
   // 1 for a row that changed since the last checkpoint (an incremental save writes those rows): set
@@ -130,32 +147,41 @@ class RowStore {
   // delta finds the keys of the changed rows without a pass over the key map. Address space is
   // reserved for every row; only the rows of a tracked table are ever written (8 bytes each).
   int64_t* row_keys() const { return row_keys_; }
+  // How the optimizers' kernels write a 16-bit row back: stochastically (the default) or to the
+  // nearest (the oracle tests' setting: then an update equals TensorFlow's on a 16-bit variable).
+  bool stochastic_rounding() const { return stochastic_.load(std::memory_order_relaxed); }
+  void set_stochastic_rounding(bool on) { stochastic_.store(on, std::memory_order_relaxed); }
+  // The table's own count of updates: the rounding's seed when the graph gives no training step.
+  uint64_t next_update() { return updates_.fetch_add(1, std::memory_order_relaxed); }
   // Rows in use: [0, in_use) are initialised and resident.
   int64_t in_use() const { return in_use_.load(std::memory_order_acquire); }
   int64_t memory_limit() const { return memory_limit_; }
 
   int64_t bytes_per_row() const {
-    return n_columns_ * dim_ * static_cast<int64_t>(sizeof(float)) + sizeof(uint32_t) + sizeof(int64_t) + sizeof(uint8_t);
+    int64_t b = sizeof(uint32_t) + sizeof(int64_t) + sizeof(uint8_t);
+    for (int c = 0; c < n_columns_; ++c) b += dim_ * element_bytes(formats_[c]);
+    return b;
   }
 
   StoreBytes bytes() const {
     std::lock_guard<std::mutex> g(mu_);
     const uint64_t rows = in_use_.load();
     StoreBytes b;
-    b.values = rows * dim_ * sizeof(float);
-    b.slots = rows * dim_ * sizeof(float) * (n_columns_ - 1);
+    b.values = rows * dim_ * element_bytes(formats_[0]);
+    for (int c = 1; c < n_columns_; ++c) b.slots += rows * dim_ * element_bytes(formats_[c]);
     b.metadata = rows * (sizeof(uint32_t) + sizeof(int64_t) + sizeof(uint8_t));
     return b;
   }
 
   // A column for an optimizer slot whose rows start at `init`; rows already in use get it now.
-  int add_column(float init) {
+  int add_column(float init, RowFormat format = RowFormat::kFloat32) {
     std::lock_guard<std::mutex> g(mu_);
     if (n_columns_ == kMaxColumns)
       throw std::invalid_argument(std::string("table '") + name_ + "': at most " + std::to_string(kMaxColumns - 1) +
                                   " optimizer slot columns");
     const int c = n_columns_;
-    columns_[c] = static_cast<float*>(reserve(reserved_rows_ * dim_ * sizeof(float)));
+    formats_[c] = format;
+    columns_[c] = reserve(column_bytes(c));
     column_init_[c] = init;
     n_columns_ = c + 1;
     fill_constant(c, 0, in_use_.load(), init);
@@ -204,10 +230,14 @@ class RowStore {
   // costs nothing to seed: after an eviction, rows are taken again by the hundred thousand, and
   // seeding a Mersenne Twister for each cost more than the rest of the lookup.
   void reset_row(int64_t r) {
-    float* v = columns_[0] + r * dim_;
     SplitMix gen{mix(init_.seed ^ 0x5bd1e995ULL, static_cast<uint64_t>(r) + 0x9e3779b97f4a7c15ULL * (++reuse_epoch_))};
-    draw(gen, v, dim_);
-    for (int c = 1; c < n_columns_; ++c) std::fill(columns_[c] + r * dim_, columns_[c] + (r + 1) * dim_, column_init_[c]);
+    if (formats_[0] == RowFormat::kFloat32) {
+      draw(gen, static_cast<float*>(columns_[0]) + r * dim_, dim_);
+    } else {
+      draw(gen, scratch(dim_), dim_);
+      narrow_nearest(scratch_.data(), dim_, formats_[0], at(0, r));
+    }
+    for (int c = 1; c < n_columns_; ++c) fill_constant(c, r, r + 1, column_init_[c]);
     counts_[r] = 0;
     last_seen_[r] = 0;
   }
@@ -215,7 +245,7 @@ class RowStore {
   // A new key's row in a table with an SSD tier: values drawn from the key alone, so that a key
   // starts from the same values whichever row, tier or rank count it lands in.
   void reset_row_for_key(int64_t r, int64_t key) {
-    for (int c = 0; c < n_columns_; ++c) fresh_row(key, c, columns_[c] + r * dim_);
+    for (int c = 0; c < n_columns_; ++c) fresh_row(key, c, column(c) + r * dim_);
     counts_[r] = 0;
     last_seen_[r] = 0;
   }
@@ -246,31 +276,45 @@ class RowStore {
   // row is in use from here on; the last row, the sentinel, is zeroed.
   using Release = void (*)(void*);
   void adopt_values(float* values, Release release, void* owner) {
+    if (formats_[0] != RowFormat::kFloat32) throw std::logic_error("a 16-bit values column cannot adopt float32 values");
     ensure_rows(rows_);
     std::lock_guard<std::mutex> g(mu_);
     if (release_values_ != nullptr)
       release_values_(values_owner_);
     else
-      munmap(columns_[0], reserved_rows_ * dim_ * sizeof(float));
+      munmap(columns_[0], column_bytes(0));
     columns_[0] = values;
     release_values_ = release;
     values_owner_ = owner;
     std::memset(values + (rows_ - 1) * dim_, 0, dim_ * sizeof(float));
   }
 
-  // out[i] = column[rows[i]]; in[i] -> column[rows[i]]: parallel over rows.
+  // A fixed table's initial values (all rows() rows, float32) into a 16-bit values column, each to
+  // the nearest: the float32 column adopts TensorFlow's buffer instead (adopt_values).
+  void narrow_values(const float* values) {
+    ensure_rows(rows_);
+    std::lock_guard<std::mutex> g(mu_);
+    parallel(rows_ - 1, [&](int64_t b, int64_t e) { narrow_nearest(values + b * dim_, (e - b) * dim_, formats_[0], at(0, b)); });
+    std::memset(at(0, rows_ - 1), 0, dim_ * element_bytes(formats_[0]));
+  }
+
+  // Where row r of column c starts.
+  void* at(int c, int64_t r) const {
+    return static_cast<char*>(columns_[c]) + r * dim_ * element_bytes(formats_[c]);
+  }
+
+  // out[i] = column[rows[i]] as float32; in[i] -> column[rows[i]], 16-bit columns to the nearest:
+  // parallel over rows.
   template <typename Index>
   void read_rows(int c, const Index* rows, int64_t n, float* out) const {
-    const float* src = columns_[c];
     parallel(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) std::memcpy(out + i * dim_, src + static_cast<int64_t>(rows[i]) * dim_, dim_ * 4);
+      for (int64_t i = b; i < e; ++i) widen(at(c, static_cast<int64_t>(rows[i])), formats_[c], dim_, out + i * dim_);
     });
   }
   template <typename Index>
   void write_rows(int c, const Index* rows, int64_t n, const float* in) {
-    float* dst = columns_[c];
     parallel(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) std::memcpy(dst + static_cast<int64_t>(rows[i]) * dim_, in + i * dim_, dim_ * 4);
+      for (int64_t i = b; i < e; ++i) narrow_nearest(in + i * dim_, dim_, formats_[c], at(c, static_cast<int64_t>(rows[i])));
     });
   }
 
@@ -280,6 +324,11 @@ class RowStore {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+  }
+
+  float* scratch(int64_t n) const {
+    if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
+    return scratch_.data();
   }
 
   void* reserve(size_t bytes) {
@@ -306,9 +355,16 @@ class RowStore {
     end = std::min(end, rows_);  // an adopted values column holds rows() rows, no more
     if (begin >= end) return;
     std::mt19937_64 gen(mix(init_.seed, static_cast<uint64_t>(begin / kChunkRows)));
-    draw(gen, columns_[0] + begin * dim_, (end - begin) * dim_);
+    const int64_t n = (end - begin) * dim_;
+    if (formats_[0] == RowFormat::kFloat32) {
+      draw(gen, static_cast<float*>(at(0, begin)), n);
+    } else {
+      std::vector<float> drawn(n);  // a chunk at a time: rare enough to allocate
+      draw(gen, drawn.data(), n);
+      narrow_nearest(drawn.data(), n, formats_[0], at(0, begin));
+    }
     // The last row is the sentinel, which stays zero (what a key without a row reads).
-    if (end == rows_) std::memset(columns_[0] + (rows_ - 1) * dim_, 0, dim_ * sizeof(float));
+    if (end == rows_) std::memset(at(0, rows_ - 1), 0, dim_ * element_bytes(formats_[0]));
   }
 
   // splitmix64 as a UniformRandomBitGenerator.
@@ -355,7 +411,13 @@ class RowStore {
   }
 
   void fill_constant(int c, int64_t begin, int64_t end, float value) {
-    std::fill(columns_[c] + begin * dim_, columns_[c] + end * dim_, value);
+    if (formats_[c] == RowFormat::kFloat32) {
+      std::fill(static_cast<float*>(at(c, begin)), static_cast<float*>(at(c, end)), value);
+      return;
+    }
+    uint16_t v16;
+    narrow_nearest(&value, 1, formats_[c], &v16);
+    std::fill(static_cast<uint16_t*>(at(c, begin)), static_cast<uint16_t*>(at(c, end)), v16);
   }
 
   template <typename F>
@@ -369,7 +431,10 @@ class RowStore {
   int64_t reserved_rows_;
   const int64_t memory_limit_;
   RowInit init_;
-  float* columns_[kMaxColumns] = {};
+  void* columns_[kMaxColumns] = {};
+  RowFormat formats_[kMaxColumns] = {};
+  // A freed row's draw for a 16-bit values column, before it is narrowed (the index's lock held).
+  mutable std::vector<float> scratch_;
   float column_init_[kMaxColumns] = {};
   int n_columns_ = 0;
   uint32_t* counts_ = nullptr;
@@ -377,6 +442,8 @@ class RowStore {
   uint8_t* changed_ = nullptr;
   int64_t* row_keys_ = nullptr;
   std::atomic<bool> tracking_{false};
+  std::atomic<bool> stochastic_{true};
+  std::atomic<uint64_t> updates_{0};
   std::atomic<int64_t> in_use_{0};
   std::atomic<int> refs_{1};
   std::atomic<uint32_t> gathered_[kChannels] = {};

@@ -28,6 +28,19 @@ using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
 
+// dst[i] = src[idx(i)] widened to float32, for a table of 16-bit rows.
+template <typename Flat>
+void GatherWidened(OpKernelContext* ctx, const void* src, RowFormat format, const Flat& idx, int64_t n, int64_t dim,
+                   float* dst) {
+  const auto* rows = static_cast<const uint16_t*>(src);
+  ParallelRows(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchAhead < end) __builtin_prefetch(rows + static_cast<int64_t>(idx(i + kPrefetchAhead)) * dim);
+      widen(rows + static_cast<int64_t>(idx(i)) * dim, format, dim, dst + i * dim);
+    }
+  });
+}
+
 template <typename Index>
 class RowGatherOp : public OpKernel {
  public:
@@ -101,8 +114,10 @@ class VariableRowGatherOp : public OpKernel {
     tensorflow::tf_shared_lock lock(*var->mu());
     const Tensor& table = *var->tensor();
     OP_REQUIRES(ctx, table.IsInitialized(), InvalidArgument("the table variable is not initialised"));
-    OP_REQUIRES(ctx, table.dims() == 2 && table.dtype() == tensorflow::DT_FLOAT,
-                InvalidArgument("the table must be a 2-D float32 variable, got ", table.shape().DebugString()));
+    RowFormat format;
+    OP_REQUIRES(ctx, table.dims() == 2 && FormatOf(table.dtype(), &format),
+                InvalidArgument("the table must be a 2-D float32, float16 or bfloat16 variable, got ",
+                                tensorflow::DataTypeString(table.dtype()), table.shape().DebugString()));
     const Tensor& index = ctx->input(1);
     OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
     const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1), n = index.dim_size(0);
@@ -110,7 +125,10 @@ class VariableRowGatherOp : public OpKernel {
     if (!IndicesInside(ctx, idx, n, n_rows, "row", "the table's")) return;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
-    GatherRows(ctx, table.flat<float>().data(), idx, n, dim, out->flat<float>().data());
+    if (format == RowFormat::kFloat32)
+      GatherRows(ctx, table.flat<float>().data(), idx, n, dim, out->flat<float>().data());
+    else
+      GatherWidened(ctx, table.data(), format, idx, n, dim, out->flat<float>().data());
     const Tensor& ticket = ctx->input(2);
     const auto* column = dynamic_cast<const StoreColumnBuffer*>(tensorflow::DMAHelper::buffer(&table));
     if (column != nullptr && ticket.NumElements() == 1 && ticket.flat<int32_t>()(0) > 0)
@@ -139,7 +157,8 @@ REGISTER_OP("ShardrecVariableRowGather")
       c->set_output(0, c->Matrix(c->Dim(index, 0), dim));
       return tensorflow::OkStatus();
     })
-    .Doc("rows[i] = table[index[i]], the table a 2-D float32 resource variable of `dim` columns; `ticket` ([1], "
+    .Doc("rows[i] = table[index[i]] as float32, the table a 2-D float32, float16 or bfloat16 resource variable of `dim` "
+         "columns; `ticket` ([1], "
          "0: none) is the key pipeline's batch on `channel` (0 train, 1 eval), reported to the table's row store.");
 
 REGISTER_OP("ShardrecRowGather")

@@ -12,7 +12,9 @@ namespace shardrec {
 class StoreColumnBuffer : public tensorflow::TensorBuffer {
  public:
   StoreColumnBuffer(RowStore* store, int column)
-      : TensorBuffer(store->column(column)), store_(store), bytes_(store->rows() * store->dim() * sizeof(float)) {
+      : TensorBuffer(store->column_data(column)),
+        store_(store),
+        bytes_(store->rows() * store->dim() * element_bytes(store->format(column))) {
     store_->ref();
   }
   ~StoreColumnBuffer() override { store_->unref(); }
@@ -32,6 +34,23 @@ class StoreColumnBuffer : public tensorflow::TensorBuffer {
   RowStore* const store_;
   const size_t bytes_;
 };
+
+// The TensorFlow dtype of a column of `format`.
+inline tensorflow::DataType DtypeOf(RowFormat format) {
+  return format == RowFormat::kFloat32   ? tensorflow::DT_FLOAT
+         : format == RowFormat::kFloat16 ? tensorflow::DT_HALF
+                                         : tensorflow::DT_BFLOAT16;
+}
+
+// The row format of a table variable's dtype (float32, half or bfloat16), or false.
+inline bool FormatOf(tensorflow::DataType dtype, RowFormat* format) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT: *format = RowFormat::kFloat32; return true;
+    case tensorflow::DT_HALF: *format = RowFormat::kFloat16; return true;
+    case tensorflow::DT_BFLOAT16: *format = RowFormat::kBFloat16; return true;
+    default: return false;
+  }
+}
 
 // Whether `t` is a column of a row store: such a variable is updated in place, never copied (a copy
 // would detach it from the store and, with dynamic expansion, be as large as every row it may hold).

@@ -5,6 +5,7 @@
 // that address and makes a column of the store the variable's tensor. A graph whose address is not
 // registered in this process (a graph imported from elsewhere) gets an error, never a wild pointer.
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_set>
 
@@ -91,48 +92,60 @@ class StoreBindOp : public OpKernel {
       OP_REQUIRES(ctx, initial.dims() == 2 && initial.dim_size(0) == rows && initial.dim_size(1) == dim,
                   InvalidArgument("initial values of shape ", initial.shape().DebugString(), " for a table of ", rows,
                                   " rows of ", dim));
-      // The store keeps a reference on TensorFlow's buffer for as long as it uses it. A buffer that
-      // something else still holds (a constant folded by TensorFlow) is copied first: the table's
-      // rows are written in place.
-      const bool alone = initial.RefCountIsOne();
-      auto* owner = new Tensor(initial);
-      if (!alone) {
-        Tensor copy;
-        tensorflow::Status a = ctx->allocate_temp(tensorflow::DT_FLOAT, initial.shape(), &copy);
-        if (!a.ok()) {
-          delete owner;
-          ctx->SetStatus(a);
-          return;
-        }
-        std::memcpy(copy.flat<float>().data(), initial.flat<float>().data(), initial.TotalBytes());
-        *owner = copy;
-      }
-      try {
-        store->adopt_values(owner->flat<float>().data(), [](void* t) { delete static_cast<Tensor*>(t); }, owner);
-      } catch (const std::exception& e) {
-        delete owner;
-        ctx->SetStatus(tensorflow::errors::ResourceExhausted(e.what()));
-        return;
-      }
+      if (!TakeInitialValues(ctx, store, initial)) return;
     } else {
       store->reinitialise(column_);
     }
+    const tensorflow::DataType dtype = DtypeOf(store->format(column_));
     Var* var = nullptr;
     OP_REQUIRES_OK(ctx, tensorflow::LookupOrCreateResource<Var>(ctx, tensorflow::HandleFromInput(ctx, 0), &var,
-                                                                [](Var** v) {
-                                                                  *v = new Var(tensorflow::DT_FLOAT);
+                                                                [dtype](Var** v) {
+                                                                  *v = new Var(dtype);
                                                                   return tensorflow::OkStatus();
                                                                 }));
     tensorflow::core::ScopedUnref unref_var(var);
     auto* buffer = new StoreColumnBuffer(store, column_);
-    Tensor bound(tensorflow::DT_FLOAT, TensorShape({rows, dim}), buffer);
+    Tensor bound(dtype, TensorShape({rows, dim}), buffer);
     buffer->Unref();
     tensorflow::mutex_lock lock(*var->mu());
     *var->tensor() = bound;
     var->is_initialized = true;
   }
 
+
  private:
+  // A fixed table's values from TensorFlow's initial values: a float32 column adopts their buffer;
+  // a 16-bit one takes each value to the nearest 16-bit number. False with the kernel's status set.
+  static bool TakeInitialValues(OpKernelContext* ctx, RowStore* store, const Tensor& initial) {
+    try {
+      if (store->format(0) != RowFormat::kFloat32) {
+        store->narrow_values(initial.flat<float>().data());
+        return true;
+      }
+      // The store keeps a reference on TensorFlow's buffer for as long as it uses it. A buffer that
+      // something else still holds (a constant folded by TensorFlow) is copied first: the table's
+      // rows are written in place.
+      auto owner = std::make_unique<Tensor>(initial);
+      if (!initial.RefCountIsOne()) {
+        Tensor copy;
+        tensorflow::Status a = ctx->allocate_temp(tensorflow::DT_FLOAT, initial.shape(), &copy);
+        if (!a.ok()) {
+          ctx->SetStatus(a);
+          return false;
+        }
+        std::memcpy(copy.flat<float>().data(), initial.flat<float>().data(), initial.TotalBytes());
+        *owner = copy;
+      }
+      float* values = owner->flat<float>().data();
+      store->adopt_values(values, [](void* t) { delete static_cast<Tensor*>(t); }, owner.get());
+      owner.release();  // the store's now
+      return true;
+    } catch (const std::exception& e) {
+      ctx->SetStatus(tensorflow::errors::ResourceExhausted(e.what()));
+      return false;
+    }
+  }
+
   int64_t address_ = 0;
   int64_t column_ = 0;
 };

@@ -8,6 +8,11 @@
 // whole update, exactly as TensorFlow's own ResourceSparseApply* kernels hold them, so a gather of
 // the next batch (which takes the same mutex, shared) never sees a half-written row.
 //
+// 16-bit tables (row_format.h): each row and its slot rows are widened to float32, updated with the
+// same float32 arithmetic, and narrowed back, stochastically unless the table asks for nearest
+// rounding; the random numbers come from the training step the op is given (`step`, the global step
+// before this update; -1: none, then the table's own count of updates), so a run is reproducible.
+//
 // Copy on write, as TensorFlow's kernels do: when a variable's buffer is shared (a read of it is
 // still alive), it is copied before the update so the earlier read keeps its values. Not for a
 // table bound to its native row store: its rows are updated in place, always (tf_row_store.h).
@@ -81,7 +86,6 @@ class LockedVariables {
     for (Var* var : locked_) var->mu()->unlock();
     for (Var* var : vars_) var->Unref();
   }
-  float* rows(int i) { return vars_[i]->tensor()->flat<float>().data(); }
   const Tensor& tensor(int i) { return *vars_[i]->tensor(); }
 
  private:
@@ -89,47 +93,81 @@ class LockedVariables {
   std::vector<Var*> locked_;
 };
 
-// Checks shapes and indices, then runs `update(row pointer offsets...)` over the rows in parallel.
+// Checks shapes and indices, then runs `update(rows, grad row, dim)` over the rows in parallel;
+// rows[k] is the row of variable k as float32 (a 16-bit row widened into scratch, narrowed after).
 template <typename Index, typename Update>
 void ForEachRow(OpKernelContext* ctx, LockedVariables& vars, int n_vars, const Tensor& indices, const Tensor& grad,
-                int cost_per_element, Update update) {
+                const Tensor& step, int cost_per_element, Update update) {
+  constexpr int kMaxVars = 3;
   const Tensor& first = vars.tensor(0);
   OP_REQUIRES(ctx, first.dims() == 2,
               InvalidArgument("the table variable must be 2-D, got ", first.shape().DebugString()));
-  for (int i = 1; i < n_vars; ++i) {
-    OP_REQUIRES(ctx, vars.tensor(i).shape() == first.shape(),
-                InvalidArgument("slot ", i, " has shape ", vars.tensor(i).shape().DebugString(), ", the table ",
+  RowFormat formats[kMaxVars];
+  char* bases[kMaxVars];
+  bool all_float32 = true;
+  for (int i = 0; i < n_vars; ++i) {
+    const Tensor& t = vars.tensor(i);
+    OP_REQUIRES(ctx, t.shape() == first.shape(),
+                InvalidArgument("slot ", i, " has shape ", t.shape().DebugString(), ", the table ",
                                 first.shape().DebugString()));
+    OP_REQUIRES(ctx, FormatOf(t.dtype(), &formats[i]),
+                InvalidArgument("variable ", i, " of the update is ", tensorflow::DataTypeString(t.dtype()),
+                                "; allowed: float32, float16, bfloat16"));
+    bases[i] = static_cast<char*>(const_cast<void*>(t.data()));
+    all_float32 = all_float32 && formats[i] == RowFormat::kFloat32;
   }
   const int64_t rows = first.dim_size(0), dim = first.dim_size(1);
   OP_REQUIRES(ctx, indices.dims() == 1, InvalidArgument("indices must be 1-D"));
+  OP_REQUIRES(ctx, step.NumElements() == 1, InvalidArgument("step must be a scalar"));
   const int64_t n = indices.dim_size(0);
   OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == n && grad.dim_size(1) == dim,
               InvalidArgument("grad has shape ", grad.shape().DebugString(), "; expected [", n, ", ", dim, "]"));
   auto idx = indices.flat<Index>();
   if (!IndicesInside(ctx, idx, n, rows, "row index", "the table's")) return;
   const float* g = grad.flat<float>().data();
-  std::vector<float*> tables;
-  for (int i = 0; i < n_vars; ++i) tables.push_back(vars.rows(i));
   // The last row is the sentinel, what ids without a row read (not admitted yet, unknown at
   // evaluation, padding): it never changes, whatever gradient reaches it.
   const int64_t sentinel = rows - 1;
   // Each updated row is flagged for the next incremental checkpoint (a byte store per row).
   RowStore* store = StoreOfColumn(first);
   uint8_t* changed = store != nullptr ? store->changed_if_tracked() : nullptr;
+  int64_t element[kMaxVars];
+  for (int k = 0; k < n_vars; ++k) element[k] = element_bytes(formats[k]);
+  const bool stochastic = store == nullptr || store->stochastic_rounding();
+  const int64_t given = step.flat<int64_t>()(0);
+  const uint64_t seed = static_cast<uint64_t>(given >= 0 || store == nullptr ? given : store->next_update());
   auto work = [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(all_float32 ? 0 : n_vars * dim);
+    float* row[kMaxVars];
     for (int64_t i = begin; i < end; ++i) {
-      if (static_cast<int64_t>(idx(i)) == sentinel) continue;
-      if (changed != nullptr) changed[idx(i)] = 1;
+      const int64_t r = static_cast<int64_t>(idx(i));
+      if (r == sentinel) continue;
+      if (changed != nullptr) changed[r] = 1;
       // The rows are scattered over the table: ask for a later row's lines now, so that the
       // arithmetic of this row overlaps the memory latency of that one (measured: 14 -> 8 ms for
       // 60k rows of dim 16 under lazy Adam, one thread).
       if (i + kPrefetchAhead < end) {
         const int64_t row_ahead = static_cast<int64_t>(idx(i + kPrefetchAhead));
-        for (float* t : tables) __builtin_prefetch(t + row_ahead * dim, 1);
+        for (int k = 0; k < n_vars; ++k) __builtin_prefetch(bases[k] + row_ahead * dim * element[k], 1);
         if (changed != nullptr) __builtin_prefetch(changed + row_ahead, 1);
       }
-      update(static_cast<int64_t>(idx(i)) * dim, g + i * dim, dim);
+      if (all_float32) {
+        for (int k = 0; k < n_vars; ++k) row[k] = reinterpret_cast<float*>(bases[k]) + r * dim;
+        update(row, g + i * dim, dim);
+        continue;
+      }
+      for (int k = 0; k < n_vars; ++k) {
+        row[k] = scratch.data() + k * dim;
+        widen(bases[k] + r * dim * element[k], formats[k], dim, row[k]);
+      }
+      update(row, g + i * dim, dim);
+      for (int k = 0; k < n_vars; ++k) {
+        void* dst = bases[k] + r * dim * element[k];
+        if (stochastic)
+          narrow_stochastic(row[k], dim, formats[k], dst, row_format::mix(seed * kMaxVars + k));
+        else
+          narrow_nearest(row[k], dim, formats[k], dst);
+      }
     }
   };
   ParallelRows(ctx, n, dim * cost_per_element, work);
@@ -143,9 +181,9 @@ class SgdOp : public OpKernel {
     LockedVariables vars(ctx, {0});
     if (!ctx->status().ok()) return;
     const float lr = ctx->input(3).scalar<float>()();
-    float* var = vars.rows(0);
-    ForEachRow<Index>(ctx, vars, 1, ctx->input(1), ctx->input(2), 2, [=](int64_t at, const float* g, int64_t dim) {
-      float* w = var + at;
+    ForEachRow<Index>(ctx, vars, 1, ctx->input(1), ctx->input(2), ctx->input(4), 2,
+                      [=](float* const* row, const float* g, int64_t dim) {
+      float* w = row[0];
       for (int64_t j = 0; j < dim; ++j) w[j] -= lr * g[j];
     });
   }
@@ -159,11 +197,10 @@ class AdagradOp : public OpKernel {
     LockedVariables vars(ctx, {0, 1});
     if (!ctx->status().ok()) return;
     const float lr = ctx->input(4).scalar<float>()();
-    float* var = vars.rows(0);
-    float* acc = vars.rows(1);
-    ForEachRow<Index>(ctx, vars, 2, ctx->input(2), ctx->input(3), 8, [=](int64_t at, const float* g, int64_t dim) {
-      float* w = var + at;
-      float* a = acc + at;
+    ForEachRow<Index>(ctx, vars, 2, ctx->input(2), ctx->input(3), ctx->input(5), 8,
+                      [=](float* const* row, const float* g, int64_t dim) {
+      float* w = row[0];
+      float* a = row[1];
       for (int64_t j = 0; j < dim; ++j) {
         a[j] += g[j] * g[j];
         w[j] -= lr * g[j] / std::sqrt(a[j]);
@@ -183,13 +220,11 @@ class LazyAdamOp : public OpKernel {
     const float b1 = ctx->input(6).scalar<float>()();
     const float b2 = ctx->input(7).scalar<float>()();
     const float eps = ctx->input(8).scalar<float>()();
-    float* var = vars.rows(0);
-    float* m = vars.rows(1);
-    float* v = vars.rows(2);
-    ForEachRow<Index>(ctx, vars, 3, ctx->input(3), ctx->input(4), 12, [=](int64_t at, const float* g, int64_t dim) {
-      float* w = var + at;
-      float* mr = m + at;
-      float* vr = v + at;
+    ForEachRow<Index>(ctx, vars, 3, ctx->input(3), ctx->input(4), ctx->input(9), 12,
+                      [=](float* const* row, const float* g, int64_t dim) {
+      float* w = row[0];
+      float* mr = row[1];
+      float* vr = row[2];
       for (int64_t j = 0; j < dim; ++j) {
         mr[j] = b1 * mr[j] + (1 - b1) * g[j];
         vr[j] = b2 * vr[j] + (1 - b2) * (g[j] * g[j]);
@@ -212,14 +247,12 @@ class FtrlOp : public OpKernel {
     const float l2 = ctx->input(7).scalar<float>()();
     const float power = ctx->input(8).scalar<float>()();
     OP_REQUIRES(ctx, lr > 0, InvalidArgument("FTRL learning rate must be > 0, got ", lr));
-    float* var = vars.rows(0);
-    float* acc = vars.rows(1);
-    float* lin = vars.rows(2);
     const bool half = power == -0.5f;
-    ForEachRow<Index>(ctx, vars, 3, ctx->input(3), ctx->input(4), 30, [=](int64_t at, const float* g, int64_t dim) {
-      float* w = var + at;
-      float* a = acc + at;
-      float* l = lin + at;
+    ForEachRow<Index>(ctx, vars, 3, ctx->input(3), ctx->input(4), ctx->input(9), 30,
+                      [=](float* const* row, const float* g, int64_t dim) {
+      float* w = row[0];
+      float* a = row[1];
+      float* l = row[2];
       for (int64_t j = 0; j < dim; ++j) {
         const float new_a = a[j] + g[j] * g[j];
         const float pow_new = half ? std::sqrt(new_a) : std::pow(new_a, -power);
@@ -240,9 +273,10 @@ REGISTER_OP("ShardrecSparseApplySgd")
     .Input("indices: Tindices")
     .Input("grad: float")
     .Input("lr: float")
+    .Input("step: int64")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(NoOutputs)
-    .Doc("var[indices[i]] -= lr * grad[i]; indices distinct.");
+    .Doc("var[indices[i]] -= lr * grad[i]; indices distinct; `step` seeds a 16-bit table's rounding.");
 
 REGISTER_OP("ShardrecSparseApplyAdagrad")
     .Input("var: resource")
@@ -250,6 +284,7 @@ REGISTER_OP("ShardrecSparseApplyAdagrad")
     .Input("indices: Tindices")
     .Input("grad: float")
     .Input("lr: float")
+    .Input("step: int64")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(NoOutputs)
     .Doc("Adagrad on the rows indices (distinct): accum += g^2; var -= lr * g / sqrt(accum).");
@@ -264,6 +299,7 @@ REGISTER_OP("ShardrecSparseApplyLazyAdam")
     .Input("beta1: float")
     .Input("beta2: float")
     .Input("epsilon: float")
+    .Input("step: int64")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(NoOutputs)
     .Doc("Lazy Adam on the rows indices (distinct); lr carries the bias correction.");
@@ -278,6 +314,7 @@ REGISTER_OP("ShardrecSparseApplyFtrl")
     .Input("l1: float")
     .Input("l2: float")
     .Input("lr_power: float")
+    .Input("step: int64")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(NoOutputs)
     .Doc("FTRL-Proximal on the rows indices (distinct), as ResourceSparseApplyFtrl.");

@@ -33,6 +33,8 @@ class _TableOps:
         self.layout = layout
         index = graph.get_tensor_by_name(layout.index)
         values = graph.get_tensor_by_name(layout.values + ":0")
+        # float32, or 16 bits (export_saved_model's row_dtype): rows are fed as float32 and cast.
+        dtype = graph.get_operation_by_name(layout.values).get_attr("dtype")
         ph = tf.compat.v1.placeholder
         self.find_keys = ph(tf.int64, [None])
         self.find = tf.raw_ops.LookupTableFindV2(table_handle=index, keys=self.find_keys,
@@ -41,14 +43,15 @@ class _TableOps:
         self.insert_keys, self.insert_rows, self.remove_keys = ph(tf.int64, [None]), ph(tf.int64, [None]), \
             ph(tf.int64, [None])
         self.update = tf.group(
-            tf.raw_ops.ResourceScatterUpdate(resource=values, indices=self.rows, updates=self.rows_values),
+            tf.raw_ops.ResourceScatterUpdate(resource=values, indices=self.rows,
+                                             updates=tf.cast(self.rows_values, dtype)),
             tf.raw_ops.LookupTableInsertV2(table_handle=index, keys=self.insert_keys, values=self.insert_rows),
             tf.raw_ops.LookupTableRemoveV2(table_handle=index, keys=self.remove_keys))
         self.all_values = ph(tf.float32, [None, layout.dim])
-        self.assign = tf.raw_ops.AssignVariableOp(resource=values, value=self.all_values)
+        self.assign = tf.raw_ops.AssignVariableOp(resource=values, value=tf.cast(self.all_values, dtype))
         self.grow_to = ph(tf.int32, [])
-        now = tf.raw_ops.ReadVariableOp(resource=values, dtype=tf.float32)
-        extra = tf.zeros(tf.stack([self.grow_to - tf.shape(now)[0], layout.dim]), tf.float32)
+        now = tf.raw_ops.ReadVariableOp(resource=values, dtype=dtype)
+        extra = tf.zeros(tf.stack([self.grow_to - tf.shape(now)[0], layout.dim]), dtype)
         self.grow = tf.raw_ops.AssignVariableOp(resource=values, value=tf.concat([now, extra], 0))
         self.size = tf.raw_ops.LookupTableSizeV2(table_handle=index)
 
