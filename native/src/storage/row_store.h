@@ -122,11 +122,6 @@ class RowStore {
   int n_columns() const { return n_columns_; }
   void* column_data(int c) const { return columns_[c]; }
   RowFormat format(int c) const { return formats_[c]; }
-  bool all_float32() const {
-    for (int c = 0; c < n_columns_; ++c)
-      if (formats_[c] != RowFormat::kFloat32) return false;
-    return true;
-  }
   // A float32 column (the SSD tier, which holds float32 rows only).
   float* column(int c) const {
     if (formats_[c] != RowFormat::kFloat32)
