@@ -6,7 +6,8 @@
 Alternates, `--rounds` times, one rank pinned to core 0 (`taskset -c 0`) and N ranks pinned to a core
 each (`mpiexec --bind-to core --map-by core -np N`), both with one TensorFlow thread per pool, each
 rank training its own 4096 x 26 batches (bench/sparse_step.py). Prints the median of each and the
-efficiency (N-rank aggregate / N x one rank), then the step timeline (rank_runtime/pipeline/step_profile.py)
+efficiency (N-rank aggregate / N x one rank) and the CPU time per id of both (every thread of a rank,
+the key pipeline's included; N ranks over 1), then the step timeline (rank_runtime/pipeline/step_profile.py)
 of the round whose N-rank figure is the median: the 1-rank step beside every rank of the N-rank
 step. With --demo the same for the Wide&Deep demo (steady-state samples/s, its last 10 steps
 traced). The last line is JSON (for bench/run.py). Needs N cores.
@@ -73,6 +74,7 @@ def main(argv=None):
     one_rate = statistics.median(r[0]["ids_per_s"] for r in rounds)
     many_rate = statistics.median(r[1]["ids_per_s"] for r in rounds)
     efficiency = many_rate / (args.ranks * one_rate)
+    cpu = cpu_per_id(rounds) if not args.demo else None
     median_round = sorted(rounds, key=lambda r: r[1]["ids_per_s"])[len(rounds) // 2]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from shardrec.rank_runtime.pipeline.step_profile import format_columns
@@ -81,11 +83,26 @@ def main(argv=None):
     columns += [(f"{args.ranks}: rank {t['rank']}", t) for t in median_round[1]["timeline"]]
     print(f"1 rank on 1 core {one_rate / 1e6:.3f}M {unit}; {args.ranks} ranks on a core each "
           f"{many_rate / 1e6:.3f}M {unit}; efficiency {efficiency:.2f} (medians of {args.rounds} rounds)")
+    if cpu:
+        print(f"CPU time per id (every thread of a rank): 1 rank {cpu['one_rank']:.1f} ns, {args.ranks} ranks "
+              f"{cpu['many_ranks']:.1f} ns (mean of the ranks); {cpu['ratio']:.2f}x (medians of {args.rounds} rounds; "
+              f"per round {', '.join(f'{x:.2f}' for x in cpu['ratios'])})")
     print(format_columns(columns))
     print(json.dumps({"one_rank": one_rate, "ranks": args.ranks, "many_ranks": many_rate, "efficiency": efficiency,
                       "rounds": [[r[0]["ids_per_s"], r[1]["ids_per_s"]] for r in rounds],
                       "timeline": {"one_rank": median_round[0]["timeline"], "many_ranks": median_round[1]["timeline"]},
-                      "unit": unit, "args": step_args}))
+                      "cpu_ns_per_id": cpu, "unit": unit, "args": step_args}))
+
+
+def cpu_per_id(rounds):
+    """CPU time per id at 1 rank and at N (each rank's own ids, the ranks' mean), medians over the
+    rounds, and their ratio per round: what N ranks pay per id beyond one, which the VM's run-to-run
+    drift of throughput does not move as much."""
+    one = [r[0]["cpu_ns_per_id"][0] for r in rounds]
+    many = [statistics.mean(r[1]["cpu_ns_per_id"]) for r in rounds]
+    ratios = [m / o for o, m in zip(one, many)]
+    return {"one_rank": statistics.median(one), "many_ranks": statistics.median(many),
+            "ratio": statistics.median(ratios), "ratios": ratios}
 
 
 if __name__ == "__main__":

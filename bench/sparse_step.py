@@ -39,6 +39,9 @@ def main(argv=None):
                    help="records (default): TFRecord files parsed by tf.data, a user's path; step-only: batches "
                         "from numpy, no parsing")
     p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
+    p.add_argument("--keys-file", default=None,
+                   help="an .npy of [batches, batch, fields] int64 keys to train on instead of drawing them (the "
+                        "single-core loop's keys, bench/limit.py); rank r starts at batch r x batches / ranks")
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--windows", type=int, default=4)
@@ -72,7 +75,11 @@ def main(argv=None):
 
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
-    keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
+    if args.keys_file:
+        keys, rows, seen = workload.load_batches(args.keys_file, rank, size)
+        args.batch, args.fields = keys.shape[1:]
+    else:
+        keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
     if args.feed == "records":
         features = set(peers.FEATURES.get(args.peer, ("ids",))) | ({"ts"} if args.faae else set())
         dataset = workload.record_dataset(workload.write_records(keys, rows, rank), args.batch, args.fields, features)
@@ -103,17 +110,18 @@ def main(argv=None):
         for _ in range(args.warmup):
             step()
         per_window = max(1, args.steps // args.windows)
-        rates, by_mode = [], {False: [], True: []}
+        rates, by_mode, cpu_per_id = [], {False: [], True: []}, []
         tiers_before = _tier_counters(args)
         exchange_before, timed_start, cpu_start = _exchange_counters(args.peer), time.perf_counter(), time.process_time()
         for window in range(args.windows):
             tracking = args.track_changes == "on" or (args.track_changes == "alternate" and window % 2 == 1)
             if tracked is not None:
                 tracked.track_changes(tracking)
-            start = time.perf_counter()
+            start, cpu_window = time.perf_counter(), time.process_time()
             for _ in range(per_window):
                 step()
             rates.append(per_window * args.batch * args.fields * size / (time.perf_counter() - start))
+            cpu_per_id.append((time.process_time() - cpu_window) * 1e9 / (per_window * args.batch * args.fields))
             by_mode[tracking].append(rates[-1])
         if args.track_changes == "alternate":
             shares["tracking_ratio"] = float(np.median(by_mode[True]) / np.median(by_mode[False]))
@@ -148,6 +156,8 @@ def main(argv=None):
                 sess.run(op, options=traced_run_options(), run_metadata=metadata)
                 traced.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
             shares["row_exchange_share"] = float(np.median(traced))
+    shares["cpu_ns_per_id"] = _across_ranks(float(np.median(cpu_per_id)), size)
+    shares["cpu_ns_per_id_windows"] = cpu_per_id
     if rank == 0:
         if args.faae:
             from shardrec.rank_runtime.process import config
@@ -166,6 +176,16 @@ def main(argv=None):
 
         config.get_table("emb").ssd.close()
         _remove(ssd_dir)
+
+
+def _across_ranks(value, size):
+    """Every rank's `value`, in rank order (the process's CPU time: every thread of the rank, the key
+    pipeline's included)."""
+    if size == 1:
+        return [value]
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.allgather(value)
 
 
 def _remove(directory):

@@ -62,6 +62,21 @@ def make_batches(num_batches, batch, fields, distinct, seed=0):
     return keys, rows, int(rows.max()) + 1
 
 
+def load_batches(path, rank=0, size=1):
+    """make_batches' triple for keys read from an .npy of [batches, batch, fields] int64 (the
+    single-core loop's keys, ../shared/limit/gen_keys.py), rank `rank` of `size` starting at batch
+    rank x batches / size so that the ranks train different batches."""
+    keys = np.load(path)
+    if keys.ndim != 3 or keys.dtype != np.int64:
+        raise ValueError(f"{path}: expected [batches, batch, fields] int64 keys, got {keys.dtype} {keys.shape}")
+    keys = np.roll(keys, -rank * len(keys) // size, axis=0)
+    _, rows = np.unique(keys, return_inverse=True)
+    rows = rows.reshape(keys.shape).astype(np.int32)
+    if (keys.shape[1] * keys.shape[2] * 4) % 64 == 0:
+        keys, rows = aligned(keys), aligned(rows)
+    return keys, rows, int(rows.max()) + 1
+
+
 def _draw_batches(num_batches, batch, fields, distinct, seed):
     rng = np.random.default_rng(seed)
     n = num_batches * batch * fields

@@ -22,6 +22,17 @@ inline int owner_of(int64_t key, int world) {
   return static_cast<int>(r < 0 ? r + world : r);
 }
 
+// owner_of for every unique key of a batch. A 64-bit division per key costs 40-90 cycles; for a
+// world of a power of two, key mod world (non-negative) is key & (world - 1), negative keys too.
+inline void owners_of(const int64_t* keys, size_t n, int world, int32_t* owners) {
+  if ((world & (world - 1)) == 0) {
+    const int64_t mask = world - 1;
+    for (size_t u = 0; u < n; ++u) owners[u] = static_cast<int32_t>(keys[u] & mask);
+  } else {
+    for (size_t u = 0; u < n; ++u) owners[u] = owner_of(keys[u], world);
+  }
+}
+
 struct RouterInput {
   const void* keys;
   bool keys_are_int32;
@@ -61,10 +72,8 @@ class KeyRouter {
         dedup_.run(static_cast<const int64_t*>(in[f].keys), in[f].n, unique_[f], restore[f].data());
       owner_[f].resize(unique_[f].size());
       place_[f].resize(unique_[f].size());
-      for (size_t u = 0; u < unique_[f].size(); ++u) {
-        owner_[f][u] = owner_of(unique_[f][u], world_);
-        place_[f][u] = counts_[f][owner_[f][u]]++;
-      }
+      owners_of(unique_[f].data(), unique_[f].size(), world_, owner_[f].data());
+      for (size_t u = 0; u < unique_[f].size(); ++u) place_[f][u] = counts_[f][owner_[f][u]]++;
       if (in[f].counted) count(f, in[f], restore[f].data(), ts);
     }
   }

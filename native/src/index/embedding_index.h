@@ -498,7 +498,12 @@ class EmbeddingIndex {
   }
 
   void lookup_locked(const int64_t* keys, size_t n, bool allocate, int32_t* rows) {
+    // A batch's keys are spread over a map of millions of buckets: each probe is a cache miss
+    // unless asked for ahead (bench/limit.py, SGD dim 16 on one core, with owners_of: 71.5, 73.4,
+    // 64.7 -> 61.6, 60.7, 58.5 ns of CPU per id, alternating).
+    constexpr size_t kAhead = 16;
     for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) map_.prefetch(keys[i + kAhead]);
       const size_t b = map_.probe(keys[i]);
       if (map_.occupied(b)) {
         rows[i] = map_.row_at(b);
