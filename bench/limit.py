@@ -23,10 +23,10 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scaling import run as json_line  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           PYTHONUNBUFFERED="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
 # The rank's runs in the loop's windows: (warm-up steps, timed steps, windows).
 WINDOWS = {"first": (10, 30, 3), "steady": (50, 100, 4)}
 
@@ -50,14 +50,6 @@ def loop_keys():
     z = rng.zipf(1.1, size=(50, 4096, 26)).astype(np.int64)
     z = ((z - 1) % 10_000_000) + 1
     return (z * np.int64(2654435761)) % np.int64(2**40)
-
-
-def json_line(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
 
 
 def loop(binary, keys, core, optimizer, dim):
