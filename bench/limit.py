@@ -23,10 +23,10 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 from scaling import run as json_line  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 # The rank's runs in the loop's windows: (warm-up steps, timed steps, windows).
 WINDOWS = {"first": (10, 30, 3), "steady": (50, 100, 4)}
 
