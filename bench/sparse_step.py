@@ -156,7 +156,9 @@ def main(argv=None):
                 sess.run(op, options=traced_run_options(), run_metadata=metadata)
                 traced.append(row_exchange_share(metadata, tf.compat.v1.get_default_graph()))
             shares["row_exchange_share"] = float(np.median(traced))
-    shares["cpu_ns_per_id"] = _across_ranks(float(np.median(cpu_per_id)), size)
+        # Inside the session: a rank whose session closed first would leave a peer's prefetch
+        # waiting in a key exchange round that this gather then never lets it finish.
+        shares["cpu_ns_per_id"] = _across_ranks(float(np.median(cpu_per_id)), size)
     shares["cpu_ns_per_id_windows"] = cpu_per_id
     if rank == 0:
         if args.faae:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 TAIL_LINES = 60
 FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
 START_GRACE_S = 60.0  # how long a rank may take to send its first heartbeat, hang timeout or not
+READER_DRAIN_S = 10.0  # how long the end of the ranks' output may take to arrive once mpiexec exited
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Attempt:
                                   daemon=True)
         reader.start()
         try:
-            outcome = self._watch()
+            outcome = self._watch(reader)
         finally:
             self.stop()
             reader.join(timeout=10)
@@ -213,13 +214,16 @@ class Attempt:
                 log(f"rank {rank}{where} uses {rss / 2**30:.1f} GiB, over {self.spec.memory_share:.0%} of its host's "
                     f"{total / 2**30:.1f} GiB: the kernel may kill it")
 
-    def _watch(self):
+    def _watch(self, reader):
         last_line, tty = 0.0, sys.stdout.isatty()
         while True:
             now = time.monotonic()
             code = self.proc.poll()
             if code is not None:
-                time.sleep(0.2)  # the last output lines and beats
+                # The ranks' last lines and exit beats may still be in the pipe: judged once the reader
+                # has seen its end (a fixed pause lost a rank's last beat on a busy machine). Bounded:
+                # a process the job left behind may hold the pipe open.
+                reader.join(timeout=READER_DRAIN_S)
                 return self._ended(code)
             if self.interrupt.signal is not None:
                 if self.stopping is None and self.interrupt.count == 1 and self.all_ranks_beat():
