@@ -151,6 +151,21 @@ def test_owner_rule_is_the_mathematical_modulo():
             assert native.owner_of(key, world) == key % world
 
 
+def test_the_exchange_routes_every_key_to_the_mathematical_modulo():
+    """owners_of is what the key exchange routes by (a mask for a world of a power of two, a
+    division otherwise): numpy's modulo of the same keys, negative and extreme keys included."""
+    rng = np.random.default_rng(3)
+    keys = np.concatenate([rng.integers(-(2**63), 2**63 - 1, 20000, dtype=np.int64), np.arange(-70, 70),
+                           np.array([-(2**63), -(2**63) + 1, 2**63 - 1, -1, 0], np.int64)])
+    for world in range(1, 10):
+        np.testing.assert_array_equal(native.owners_of(keys, world), np.mod(keys, world), err_msg=f"world {world}")
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=f"world_size must be at least 1, got {bad}"):
+            native.owners_of(keys, bad)
+        with pytest.raises(ValueError, match="world_size must be at least 1"):
+            native.owner_of(5, bad)
+
+
 def test_full_table_error_names_table_and_capacity():
     index = native.EmbeddingIndex("small", 4)
     with pytest.raises(native.CapacityError, match=r"'small'.*full \(4 rows"):

@@ -137,12 +137,27 @@ py::tuple dedup(CArray<Key> keys) {
   return py::make_tuple(to_numpy(unique), restore);
 }
 
+int checked_world(int world) {
+  if (world < 1) throw py::value_error("world_size must be at least 1, got " + std::to_string(world));
+  return world;
+}
+
 void bind_functions(py::module_& m) {
   m.def("dedup", &dedup<int64_t>, py::arg("keys"));
   m.def("dedup", &dedup<int32_t>, py::arg("keys"),
         "Unique keys in first-seen order and restore indices (unique[restore] == keys).");
-  m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, world); }, py::arg("key"),
-        py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
+  m.def("owner_of", [](int64_t key, int world) { return shardrec::owner_of(key, checked_world(world)); },
+        py::arg("key"), py::arg("world_size"), "The rank that owns `key`: key mod world_size, in [0, world_size).");
+  m.def("owners_of",
+        [](const CArray<int64_t>& keys, int world) {
+          checked_world(world);
+          py::array_t<int32_t> owners(keys.size());
+          py::gil_scoped_release nogil;
+          shardrec::owners_of(keys.data(), static_cast<size_t>(keys.size()), world, owners.mutable_data());
+          return owners;
+        },
+        py::arg("keys"), py::arg("world_size"),
+        "owner_of for every key of a flat int64 array, as the key exchange routes them (int32 ranks).");
 }
 
 void bind_errors(py::module_& m) {
