@@ -41,6 +41,39 @@ def test_variable_row_gather_reads_the_rows_of_the_table(graph):
             sess.run(outside)
 
 
+@pytest.mark.parametrize("table_dtype", [tf.float32, tf.float16])
+def test_the_expanded_gather_reads_as_two_gathers_and_sums_its_gradient_per_distinct_row(graph, table_dtype):
+    """table[rows[expand]] in one pass, as TensorFlow's two gathers; its gradient is IndexedSlices
+    over `rows` itself (distinct rows), each the sum of the weights of the positions that read it
+    (numpy's add.at of them)."""
+    rng = np.random.default_rng(7)
+    table = rng.normal(size=(60, 16)).astype(table_dtype.as_numpy_dtype)
+    rows_value = rng.permutation(60)[:25].astype(np.int32)
+    expand_value = rng.integers(0, 25, size=90).astype(np.int32)  # repeats: their gradients add up
+    weights = rng.normal(size=(90, 16)).astype(np.float32)
+    var = tf.compat.v1.get_variable("t", initializer=table, use_resource=True)
+    rows, expand = tf.constant(rows_value), tf.constant(expand_value)
+    ours = native_ops.variable_row_gather(var, rows, expand=expand)
+    theirs = tf.gather(tf.gather(tf.cast(var, tf.float32), rows), expand)
+    grad_ours = tf.gradients(tf.reduce_sum(ours * weights), var)[0]
+    bad = native_ops.variable_row_gather(var, rows, expand=tf.constant([0, 25], tf.int32))
+    assert ours.shape.as_list() == [90, 16]
+    assert isinstance(grad_ours, tf.IndexedSlices) and grad_ours.indices is rows
+    with tf.compat.v1.Session() as sess:
+        sess.run(var.initializer)
+        a, b, ga = sess.run([ours, theirs, grad_ours])
+        np.testing.assert_array_equal(a, table.astype(np.float32)[rows_value[expand_value]])
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ga.indices, rows_value)
+        dense, expected = np.zeros((60, 16), np.float32), np.zeros((60, 16), np.float32)
+        dense[ga.indices] = ga.values
+        np.add.at(expected, rows_value[expand_value], weights)
+        np.testing.assert_allclose(dense, expected, rtol=1e-5, atol=1e-5)
+        assert np.abs(dense).sum() > 0
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"expand 25 at 1 is outside the index's 25 rows"):
+            sess.run(bad)
+
+
 def test_a_gather_index_outside_the_rows_is_refused(graph):
     rows = tf.zeros([5, 2])
     with tf.compat.v1.Session() as sess:

@@ -18,7 +18,7 @@ REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` targ
           "installed TensorFlow"
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
            "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
-           "shardrec_store_bind", "shardrec_row_alltoall")
+           "shardrec_variable_row_gather_expanded", "shardrec_store_bind", "shardrec_row_alltoall")
 
 
 def library_path() -> str:
@@ -88,15 +88,42 @@ def store_bind(variable: tf.Variable, store, column: int, initial: tf.Tensor) ->
 
 
 def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tensor | None = None,
-                        channel: int = 0) -> tf.Tensor:
-    """variable[index] for a table's 2-D float32 resource variable, in parallel over the rows and
-    reading ahead; its gradient is registered by the lookup (IndexedSlices over `index`). `ticket`
-    ([1] int32, the key pipeline's batch on `channel`, a channel.Channel) tells the table's row store
-    that the batch's rows are read (native/src/storage/residency.h)."""
+                        channel: int = 0, expand: tf.Tensor | None = None) -> tf.Tensor:
+    """variable[index] for a table's 2-D resource variable, as float32, in parallel over the rows and
+    reading ahead; with `expand` (int32), variable[index[expand]] in one pass. Its gradient is
+    IndexedSlices over `index` itself (the expand's positions summed per row first). `ticket` ([1] int32, the key pipeline's
+    batch on `channel`, a channel.Channel) tells the table's row store that the batch's rows are
+    read (native/src/storage/residency.h)."""
     if ticket is None:
         ticket = tf.zeros([1], tf.int32)
-    return load().shardrec_variable_row_gather(variable.handle, index, ticket, dim=int(variable.shape[1]),
-                                               channel=int(channel))
+    attrs = dict(dim=int(variable.shape[1]), channel=int(channel))
+    if expand is None:
+        return load().shardrec_variable_row_gather(variable.handle, index, ticket, **attrs)
+    return load().shardrec_variable_row_gather_expanded(variable.handle, index, expand, ticket, **attrs)
+
+
+def _table_slices(op, values, rows):
+    """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
+    row tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
+    it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    params_shape = resource_variable_ops.variable_shape(op.inputs[0])
+    values = tf.reshape(values, tf.concat([tf.shape(rows), params_shape[1:]], 0))
+    return tf.IndexedSlices(values, rows, params_shape)
+
+
+@tf.RegisterGradient("ShardrecVariableRowGather")
+def _distinct_rows_gather_grad(op, grad):
+    return _table_slices(op, grad, op.inputs[1]), None, None
+
+
+@tf.RegisterGradient("ShardrecVariableRowGatherExpanded")
+def _expanded_rows_gather_grad(op, grad):
+    """The sum over the positions that read one distinct row, then that row's slice of the table."""
+    rows, expand = op.inputs[1], op.inputs[2]
+    summed = load().shardrec_row_gather_grad(grad, expand, tf.shape(rows, out_type=tf.int32)[0])
+    return _table_slices(op, summed, rows), None, None, None
 
 
 def row_alltoall(rows: tf.Tensor, send_splits: tf.Tensor, recv_splits: tf.Tensor, exchange: str, timeout_s: float,

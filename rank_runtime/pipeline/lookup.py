@@ -17,19 +17,6 @@ from ..process.world import get_world
 _OWNER = "sparse_lookup"
 
 
-@tf.RegisterGradient("ShardrecVariableRowGather")
-def _distinct_rows_gather_grad(op, grad):
-    """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
-    row tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
-    it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
-    from tensorflow.python.ops import resource_variable_ops
-
-    params_shape = resource_variable_ops.variable_shape(op.inputs[0])
-    rows = op.inputs[1]
-    values = tf.reshape(grad, tf.concat([tf.shape(rows), params_shape[1:]], 0))
-    return tf.IndexedSlices(values, rows, params_shape), None, None
-
-
 def _routing(spec, batch):
     if batch is None:
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
@@ -213,12 +200,13 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         return emb
 
 
-def _distinct_rows(cfg, table, routing, channel, is_grad):
-    """The owner's first stage, for every kind of lookup: the batch's distinct rows of its shard.
+def _distinct_rows(cfg, table, routing, channel, is_grad, expand=None):
+    """The owner's first stage, for every kind of lookup: the batch's distinct rows of its shard
+    (with `expand`, those rows as each requester asked for them, in one gather from the table).
     Gradients flow to the table variable as IndexedSlices over `routing.rows`, which are distinct:
     the sparse optimizers update those rows only, with no dedup of their own; the stages after
     this one sum the gradients of a row asked for several times."""
-    rows = native_ops.variable_row_gather(table.variable, routing.rows, routing.ticket, channel)
+    rows = native_ops.variable_row_gather(table.variable, routing.rows, routing.ticket, channel, expand)
     table.mark_distinct_rows(routing.rows)
     if not is_grad:
         return tf.stop_gradient(rows)
@@ -227,19 +215,28 @@ def _distinct_rows(cfg, table, routing, channel, is_grad):
     return rows
 
 
+def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value):
+    """The rows the requesters asked for, on the owner, in the order the row exchange sends them;
+    with serving_default_value, one more column that is 1 where the key has no row."""
+    # Dynamic expansion's local rows are the distinct rows (by_address.py): gathered, then expanded.
+    expanded = (cfg.size > 1 or not cfg.use_dynamic) and not (cfg.use_dynamic_expansion and channel == Channel.TRAIN)
+    rows = _distinct_rows(cfg, table, routing, channel, is_grad, routing.expand if expanded else None)
+    if serving_default_value is not None:
+        # The owner knows which keys have no row: that flag travels back as one more column.
+        missing = tf.cast(tf.equal(routing.rows, table.sentinel), tf.float32)[:, None]
+        if expanded:
+            missing = native_ops.row_gather(missing, routing.expand)
+        rows = tf.concat([rows, missing], axis=1)
+    if (cfg.size > 1 or not cfg.use_dynamic) and not expanded:
+        rows = native_ops.row_gather(rows, routing.expand)
+    return rows
+
+
 def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
     """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
     exchange back to the requesters, restore to batch order."""
-    rows_at = routing.rows
-    rows = _distinct_rows(cfg, table, routing, channel, is_grad)
-    width = table.dim
-    if serving_default_value is not None:
-        # The owner knows which keys have no row: that flag travels back as one more column.
-        missing = tf.cast(tf.equal(rows_at, table.sentinel), tf.float32)[:, None]
-        rows = tf.concat([rows, missing], axis=1)
-        width += 1
-    if cfg.size > 1 or not cfg.use_dynamic:
-        rows = native_ops.row_gather(rows, routing.expand)
+    rows = _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value)
+    width = table.dim + (serving_default_value is not None)
     if not cfg.use_dynamic:
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:

@@ -93,12 +93,24 @@ class RowGatherGradOp : public OpKernel {
   }
 };
 
-// The distinct rows of a lookup, read from the table variable: rows scattered over the whole table,
-// so a later row is prefetched while this one is copied (TensorFlow's ResourceGather does one row
-// after another and waits for each). Holds the variable's lock shared, as ResourceGather does: an
-// update of the table (exclusive) never interleaves with it. Reports the batch's ticket to the
-// table's row store once its rows are read: the rows of earlier batches may then move to SSD.
-template <typename Index>
+// idx(expand(i)): the row of the table that position i of an expanded gather reads.
+template <typename Flat>
+struct ThroughExpand {
+  const Flat& rows;
+  const typename tensorflow::TTypes<int32_t>::ConstFlat& expand;
+  auto operator()(int64_t i) const { return rows(expand(i)); }
+};
+
+// The rows of a lookup, read from the table variable: rows scattered over the whole table, so a
+// later row is prefetched while this one is copied (TensorFlow's ResourceGather does one row after
+// another and waits for each). Holds the variable's lock shared, as ResourceGather does: an update
+// of the table (exclusive) never interleaves with it. Reports the batch's ticket to the table's row
+// store once its rows are read: the rows of earlier batches may then move to SSD.
+//
+// EXPANDED: out[i] = table[index[expand[i]]], the rows each requester asked for straight from the
+// table, where a gather of the distinct rows then a gather of those through `expand` wrote and read
+// every row once more (dim 16: 0.74 against 0.58 ms for 43k rows; dim 128: 6.4 against 4.6 ms).
+template <typename Index, bool EXPANDED>
 class VariableRowGatherOp : public OpKernel {
  public:
   explicit VariableRowGatherOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -120,24 +132,43 @@ class VariableRowGatherOp : public OpKernel {
                                 tensorflow::DataTypeString(table.dtype()), table.shape().DebugString()));
     const Tensor& index = ctx->input(1);
     OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
-    const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1), n = index.dim_size(0);
+    const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1);
     auto idx = index.flat<Index>();
-    if (!IndicesInside(ctx, idx, n, n_rows, "row", "the table's")) return;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
-    if (format == RowFormat::kFloat32)
-      GatherRows(ctx, table.flat<float>().data(), idx, n, dim, out->flat<float>().data());
-    else
-      GatherWidened(ctx, table.data(), format, idx, n, dim, out->flat<float>().data());
-    const Tensor& ticket = ctx->input(2);
+    if (!IndicesInside(ctx, idx, index.dim_size(0), n_rows, "row", "the table's")) return;
+    if constexpr (EXPANDED) {
+      const Tensor& expand = ctx->input(2);
+      OP_REQUIRES(ctx, expand.dims() == 1,
+                  InvalidArgument("expand must be 1-D, got ", expand.shape().DebugString()));
+      auto through = expand.flat<int32_t>();
+      if (!IndicesInside(ctx, through, expand.dim_size(0), index.dim_size(0), "expand", "the index's")) return;
+      gather(ctx, table, format, ThroughExpand<decltype(idx)>{idx, through}, expand.dim_size(0), dim);
+    } else {
+      gather(ctx, table, format, idx, index.dim_size(0), dim);
+    }
+    const Tensor& ticket = ctx->input(EXPANDED ? 3 : 2);
     const auto* column = dynamic_cast<const StoreColumnBuffer*>(tensorflow::DMAHelper::buffer(&table));
     if (column != nullptr && ticket.NumElements() == 1 && ticket.flat<int32_t>()(0) > 0)
       column->store()->note_gathered(channel_, static_cast<uint32_t>(ticket.flat<int32_t>()(0)));
   }
 
  private:
+  template <typename Rows>
+  void gather(OpKernelContext* ctx, const Tensor& table, RowFormat format, const Rows& rows, int64_t n, int64_t dim) {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
+    if (format == RowFormat::kFloat32)
+      GatherRows(ctx, table.flat<float>().data(), rows, n, dim, out->flat<float>().data());
+    else
+      GatherWidened(ctx, table.data(), format, rows, n, dim, out->flat<float>().data());
+  }
+
   Channel channel_ = Channel::kTrain;
 };
+
+template <typename Index>
+using DistinctRowGatherOp = VariableRowGatherOp<Index, false>;
+template <typename Index>
+using ExpandedRowGatherOp = VariableRowGatherOp<Index, true>;
 
 }  // namespace
 
@@ -160,6 +191,26 @@ REGISTER_OP("ShardrecVariableRowGather")
     .Doc("rows[i] = table[index[i]] as float32, the table a 2-D float32, float16 or bfloat16 resource variable of `dim` "
          "columns; `ticket` ([1], "
          "0: none) is the key pipeline's batch on `channel` (0 train, 1 eval), reported to the table's row store.");
+
+REGISTER_OP("ShardrecVariableRowGatherExpanded")
+    .Input("table: resource")
+    .Input("index: Tindex")
+    .Input("expand: int32")
+    .Input("ticket: int32")
+    .Output("rows: float")
+    .Attr("Tindex: {int32, int64}")
+    .Attr("dim: int")
+    .Attr("channel: int = 0")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle index, expand;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &expand));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(expand, 0), dim));
+      return tensorflow::OkStatus();
+    })
+    .Doc("rows[i] = table[index[expand[i]]] as float32; otherwise as ShardrecVariableRowGather.");
 
 REGISTER_OP("ShardrecRowGather")
     .Input("rows: float")
@@ -193,6 +244,7 @@ REGISTER_OP("ShardrecRowGatherGrad")
 
 SHARDREC_REGISTER_BY_INDEX("ShardrecRowGather", "Tindex", RowGatherOp);
 SHARDREC_REGISTER_BY_INDEX("ShardrecRowGatherGrad", "Tindex", RowGatherGradOp);
-SHARDREC_REGISTER_BY_INDEX("ShardrecVariableRowGather", "Tindex", VariableRowGatherOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecVariableRowGather", "Tindex", DistinctRowGatherOp);
+SHARDREC_REGISTER_BY_INDEX("ShardrecVariableRowGatherExpanded", "Tindex", ExpandedRowGatherOp);
 
 }  // namespace shardrec
