@@ -11,11 +11,9 @@
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_ops/tf_op_common.h"
-#include "tf_ops/tf_row_store.h"
+#include "tf_ops/tf_table_rows.h"
 
 namespace shardrec {
 namespace {
@@ -27,19 +25,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
-
-// dst[i] = src[idx(i)] widened to float32, for a table of 16-bit rows.
-template <typename Flat>
-void GatherWidened(OpKernelContext* ctx, const void* src, RowFormat format, const Flat& idx, int64_t n, int64_t dim,
-                   float* dst) {
-  const auto* rows = static_cast<const uint16_t*>(src);
-  ParallelRows(ctx, n, 4 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetchAhead < end) __builtin_prefetch(rows + static_cast<int64_t>(idx(i + kPrefetchAhead)) * dim);
-      widen(rows + static_cast<int64_t>(idx(i)) * dim, format, dim, dst + i * dim);
-    }
-  });
-}
 
 template <typename Index>
 class RowGatherOp : public OpKernel {
@@ -77,28 +62,8 @@ class RowGatherGradOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_rows, dim}), &out));
     const float* g = grad.flat<float>().data();
-    float* dst = out->flat<float>().data();
-    // Cost per distinct row: its share of the scan of `index`, plus its own sums.
-    const int64_t cost = dim + std::max<int64_t>(1, n / std::max<int64_t>(1, n_rows)) * (dim + 4);
-    ParallelRows(ctx, n_rows, cost, [&](int64_t begin, int64_t end) {
-      std::memset(dst + begin * dim, 0, (end - begin) * dim * sizeof(float));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = idx(i);
-        if (r < begin || r >= end) continue;
-        float* __restrict d = dst + r * dim;
-        const float* __restrict s = g + i * dim;
-        for (int64_t j = 0; j < dim; ++j) d[j] += s[j];
-      }
-    });
+    SumRowsInto(ctx, idx, n, [g, dim](int64_t i) { return g + i * dim; }, n_rows, dim, out->flat<float>().data());
   }
-};
-
-// idx(expand(i)): the row of the table that position i of an expanded gather reads.
-template <typename Flat>
-struct ThroughExpand {
-  const Flat& rows;
-  const typename tensorflow::TTypes<int32_t>::ConstFlat& expand;
-  auto operator()(int64_t i) const { return rows(expand(i)); }
 };
 
 // The rows of a lookup, read from the table variable: rows scattered over the whole table, so a
@@ -121,34 +86,24 @@ class VariableRowGatherOp : public OpKernel {
     channel_ = static_cast<Channel>(channel);
   }
   void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<tensorflow::Var> var;
-    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &var));
-    tensorflow::tf_shared_lock lock(*var->mu());
-    const Tensor& table = *var->tensor();
-    OP_REQUIRES(ctx, table.IsInitialized(), InvalidArgument("the table variable is not initialised"));
-    RowFormat format;
-    OP_REQUIRES(ctx, table.dims() == 2 && FormatOf(table.dtype(), &format),
-                InvalidArgument("the table must be a 2-D float32, float16 or bfloat16 variable, got ",
-                                tensorflow::DataTypeString(table.dtype()), table.shape().DebugString()));
     const Tensor& index = ctx->input(1);
     OP_REQUIRES(ctx, index.dims() == 1, InvalidArgument("index must be 1-D, got ", index.shape().DebugString()));
-    const int64_t n_rows = table.dim_size(0), dim = table.dim_size(1);
     auto idx = index.flat<Index>();
-    if (!IndicesInside(ctx, idx, index.dim_size(0), n_rows, "row", "the table's")) return;
-    if constexpr (EXPANDED) {
-      const Tensor& expand = ctx->input(2);
-      OP_REQUIRES(ctx, expand.dims() == 1,
-                  InvalidArgument("expand must be 1-D, got ", expand.shape().DebugString()));
-      auto through = expand.flat<int32_t>();
-      if (!IndicesInside(ctx, through, expand.dim_size(0), index.dim_size(0), "expand", "the index's")) return;
-      gather(ctx, table, format, ThroughExpand<decltype(idx)>{idx, through}, expand.dim_size(0), dim);
-    } else {
-      gather(ctx, table, format, idx, index.dim_size(0), dim);
-    }
-    const Tensor& ticket = ctx->input(EXPANDED ? 3 : 2);
-    const auto* column = dynamic_cast<const StoreColumnBuffer*>(tensorflow::DMAHelper::buffer(&table));
-    if (column != nullptr && ticket.NumElements() == 1 && ticket.flat<int32_t>()(0) > 0)
-      column->store()->note_gathered(channel_, static_cast<uint32_t>(ticket.flat<int32_t>()(0)));
+    ReadTable(ctx, 0, [&](const Tensor& table, RowFormat format) {
+      const int64_t dim = table.dim_size(1);
+      if (!IndicesInside(ctx, idx, index.dim_size(0), table.dim_size(0), "row", "the table's")) return;
+      if constexpr (EXPANDED) {
+        const Tensor& expand = ctx->input(2);
+        OP_REQUIRES(ctx, expand.dims() == 1,
+                    InvalidArgument("expand must be 1-D, got ", expand.shape().DebugString()));
+        auto through = expand.flat<int32_t>();
+        if (!IndicesInside(ctx, through, expand.dim_size(0), index.dim_size(0), "expand", "the index's")) return;
+        gather(ctx, table, format, ThroughExpand<decltype(idx)>{idx, through}, expand.dim_size(0), dim);
+      } else {
+        gather(ctx, table, format, idx, index.dim_size(0), dim);
+      }
+      NoteGathered(table, ctx->input(EXPANDED ? 3 : 2), channel_);
+    });
   }
 
  private:
@@ -156,10 +111,7 @@ class VariableRowGatherOp : public OpKernel {
   void gather(OpKernelContext* ctx, const Tensor& table, RowFormat format, const Rows& rows, int64_t n, int64_t dim) {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
-    if (format == RowFormat::kFloat32)
-      GatherRows(ctx, table.flat<float>().data(), rows, n, dim, out->flat<float>().data());
-    else
-      GatherWidened(ctx, table.data(), format, rows, n, dim, out->flat<float>().data());
+    GatherTableRows(ctx, table, format, rows, n, dim, out->flat<float>().data());
   }
 
   Channel channel_ = Channel::kTrain;
