@@ -91,9 +91,9 @@ def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tens
                         channel: int = 0, expand: tf.Tensor | None = None) -> tf.Tensor:
     """variable[index] for a table's 2-D resource variable, as float32, in parallel over the rows and
     reading ahead; with `expand` (int32), variable[index[expand]] in one pass. Its gradient is
-    IndexedSlices over `index` itself (the expand's positions summed per row first). `ticket` ([1] int32, the key pipeline's
-    batch on `channel`, a channel.Channel) tells the table's row store that the batch's rows are
-    read (native/src/storage/residency.h)."""
+    IndexedSlices over `index` itself (the expand's positions summed per row first). `ticket` ([1]
+    int32, the key pipeline's batch on `channel`, a channel.Channel) tells the table's row store
+    that the batch's rows are read (native/src/storage/residency.h)."""
     if ticket is None:
         ticket = tf.zeros([1], tf.int32)
     attrs = dict(dim=int(variable.shape[1]), channel=int(channel))
