@@ -122,6 +122,17 @@ using DistinctRowGatherOp = VariableRowGatherOp<Index, false>;
 template <typename Index>
 using ExpandedRowGatherOp = VariableRowGatherOp<Index, true>;
 
+// A table gather's output: a row of the `dim` attribute's floats for each entry of the 1-D input
+// `positions` (the index, or the expand through it); every input from the index on is 1-D.
+tensorflow::Status TableRowsShape(shape_inference::InferenceContext* c, int positions) {
+  shape_inference::ShapeHandle vector;
+  for (int i = 1; i <= positions; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vector));
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(0, c->Matrix(c->Dim(vector, 0), dim));
+  return tensorflow::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("ShardrecVariableRowGather")
@@ -132,14 +143,7 @@ REGISTER_OP("ShardrecVariableRowGather")
     .Attr("Tindex: {int32, int64}")
     .Attr("dim: int")
     .Attr("channel: int = 0")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle index;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(index, 0), dim));
-      return tensorflow::OkStatus();
-    })
+    .SetShapeFn([](shape_inference::InferenceContext* c) { return TableRowsShape(c, 1); })
     .Doc("rows[i] = table[index[i]] as float32, the table a 2-D float32, float16 or bfloat16 resource variable of `dim` "
          "columns; `ticket` ([1], "
          "0: none) is the key pipeline's batch on `channel` (0 train, 1 eval), reported to the table's row store.");
@@ -153,15 +157,7 @@ REGISTER_OP("ShardrecVariableRowGatherExpanded")
     .Attr("Tindex: {int32, int64}")
     .Attr("dim: int")
     .Attr("channel: int = 0")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle index, expand;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &expand));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(expand, 0), dim));
-      return tensorflow::OkStatus();
-    })
+    .SetShapeFn([](shape_inference::InferenceContext* c) { return TableRowsShape(c, 2); })
     .Doc("rows[i] = table[index[expand[i]]] as float32; otherwise as ShardrecVariableRowGather.");
 
 REGISTER_OP("ShardrecRowGather")
