@@ -148,6 +148,8 @@ class Attempt:
         now = time.monotonic()
         with self._lock:
             previous = self.beats.get(rank)
+            if previous is not None and previous.exiting:
+                beat.exiting = True  # a rank that said it exits has: no beat can take that back
             if previous is None or beat.progress != previous.progress or beat.exiting:
                 self.moved[rank] = now
             self.heard[rank] = now

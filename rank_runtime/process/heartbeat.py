@@ -138,26 +138,32 @@ def _read_tables():
 def _write(force=False, tick=False, exiting=False):
     now = time.time()
     with _beats.lock:
-        if not force and now - _beats.written < MIN_INTERVAL_S:
+        if _beats.exited or (not force and now - _beats.written < MIN_INTERVAL_S):
             return
         _beats.written = now
-        beat = dataclasses.replace(_beats.beat, time=now, exiting=exiting)
     if _beats.tables and not tick:
         # Read on the thread that makes progress, never from the ticker while a batch grows a table.
         _read_tables()
-    beat.tables, beat.admission, beat.tiers = dict(_beats.sizes), dict(_beats.admission), dict(_beats.tiers)
-    try:
-        import psutil
+    # Made and written under the lock: a beat another thread began (the ticker's) could otherwise
+    # land after the last one and tell the supervisor that a rank which finished never did.
+    with _beats.lock:
+        if _beats.exited:
+            return
+        _beats.exited = exiting
+        beat = dataclasses.replace(_beats.beat, time=time.time(), exiting=exiting)
+        beat.tables, beat.admission, beat.tiers = dict(_beats.sizes), dict(_beats.admission), dict(_beats.tiers)
+        try:
+            import psutil
 
-        beat.rss = psutil.Process().memory_info().rss
-    except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
-        pass
-    # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of
-    # the script's left unfinished is split around it by the supervisor).
-    try:
-        os.write(_beats.fd, beat.line())
-    except OSError:
-        pass  # mpiexec gone: the supervisor already knows
+            beat.rss = psutil.Process().memory_info().rss
+        except Exception:  # noqa: BLE001 - a heartbeat must never fail the step
+            pass
+        # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of
+        # the script's left unfinished is split around it by the supervisor).
+        try:
+            os.write(_beats.fd, beat.line())
+        except OSError:
+            pass  # mpiexec gone: the supervisor already knows
 
 
 def _last_beat():

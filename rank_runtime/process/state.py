@@ -29,6 +29,7 @@ class HeartbeatState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     beat: "Optional[Heartbeat]" = None
     written: float = 0.0
+    exited: bool = False  # the last beat (exiting) is written: no beat may follow it
     fd: Optional[int] = None
     tables: "Dict[str, EmbeddingTable]" = field(default_factory=dict)
     # What the last progress beat read of the tables (the ticker repeats it).
