@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from mpi_helpers import JOBS, segments_left_behind
 from shardrec.orchestrator.job_kill import segments_now as shm_segments_now
-from shardrec.rank_runtime.formats.heartbeat_format import Heartbeat
+from shardrec.rank_runtime.formats.heartbeat_format import MARK, Heartbeat
 from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
                                 train)
 
@@ -452,3 +452,25 @@ def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_comp
     count = sum(1 for p in os.listdir(ckpt) if p.startswith("sparse-"))
     assert why.startswith(f"; {count} incomplete, the newest {newest[len('sparse-'):]}: "), why
     assert f"{newest[len('sparse-'):]}.meta: missing" in why, why
+
+
+def test_no_heartbeat_follows_the_last_one():
+    """A rank's exit beat is its last line of beats: a tick (or progress beat) asked for after it is
+    dropped, so the supervisor never reads a finished rank as still running."""
+    from shardrec.rank_runtime.process import heartbeat
+    from shardrec.rank_runtime.process.state import STATE
+
+    saved = (STATE.heartbeat.fd, STATE.heartbeat.beat, STATE.heartbeat.exited)
+    read_end, write_end = os.pipe()
+    try:
+        STATE.heartbeat.fd, STATE.heartbeat.exited = write_end, False
+        STATE.heartbeat.beat = Heartbeat(rank=0, size=1, pid=os.getpid(), host="h", host_memory=1, attempt=0)
+        heartbeat._write(force=True, tick=True)
+        heartbeat._write(force=True, exiting=True)
+        heartbeat._write(force=True, tick=True)
+        os.close(write_end)
+        with os.fdopen(read_end) as f:
+            beats = [Heartbeat.parse(line.split(MARK, 1)[1]) for line in f.read().splitlines()]
+    finally:
+        STATE.heartbeat.fd, STATE.heartbeat.beat, STATE.heartbeat.exited = saved
+    assert [b.exiting for b in beats] == [False, True]
