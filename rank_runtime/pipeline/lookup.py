@@ -219,7 +219,8 @@ def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value
     """The rows the requesters asked for, on the owner, in the order the row exchange sends them;
     with serving_default_value, one more column that is 1 where the key has no row."""
     # Dynamic expansion's local rows are the distinct rows (by_address.py): gathered, then expanded.
-    expanded = (cfg.size > 1 or not cfg.use_dynamic) and not (cfg.use_dynamic_expansion and channel == Channel.TRAIN)
+    needs_expand = cfg.size > 1 or not cfg.use_dynamic
+    expanded = needs_expand and not (cfg.use_dynamic_expansion and channel == Channel.TRAIN)
     rows = _distinct_rows(cfg, table, routing, channel, is_grad, routing.expand if expanded else None)
     if serving_default_value is not None:
         # The owner knows which keys have no row: that flag travels back as one more column.
@@ -227,7 +228,7 @@ def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value
         if expanded:
             missing = native_ops.row_gather(missing, routing.expand)
         rows = tf.concat([rows, missing], axis=1)
-    if (cfg.size > 1 or not cfg.use_dynamic) and not expanded:
+    if needs_expand and not expanded:
         rows = native_ops.row_gather(rows, routing.expand)
     return rows
 
