@@ -223,9 +223,20 @@ def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, pre
     return op, setup
 
 
+def _feed_only(column):
+    def build(dataset, dim, optimizer, capacity):
+        """The feed with no step: the batch parsed and summed, what every peer pays before its step
+        (bench/premapped_bound.py subtracts it)."""
+        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        return tf.reduce_sum(batch[column]).op, lambda sess: None
+
+    return build
+
+
 # The features of a record each peer reads (the others read "ids"): TensorFlow's best case reads
 # rows mapped outside the graph instead of keys.
-FEATURES = {"tf_premapped": ("rows",), "tf_premapped_ds": ("rows",)}
+FEATURES = {"tf_premapped": ("rows",), "tf_premapped_ds": ("rows",), "feed_rows": ("rows",)}
 
 PEERS = {"shardrec": shardrec, "tf_hash_table": tf_hash_table, "tf_premapped": tf_premapped,
-         "tf_premapped_ds": tf_premapped_ds, "tfra": tfra, "tfra_horovod": tfra_horovod}
+         "tf_premapped_ds": tf_premapped_ds, "tfra": tfra, "tfra_horovod": tfra_horovod,
+         "feed_ids": _feed_only("ids"), "feed_rows": _feed_only("rows")}

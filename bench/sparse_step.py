@@ -39,6 +39,8 @@ def main(argv=None):
                    help="records (default): TFRecord files parsed by tf.data, a user's path; step-only: batches "
                         "from numpy, no parsing")
     p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
+    p.add_argument("--seed", type=int, default=None,
+                   help="draw the batches rank SEED draws (default: this rank's; bench/scaling.py --together)")
     p.add_argument("--keys-file", default=None,
                    help="an .npy of [batches, batch, fields] int64 keys to train on instead of drawing them (the "
                         "single-core loop's keys, bench/limit.py); rank r starts at batch r x batches / ranks")
@@ -75,14 +77,17 @@ def main(argv=None):
 
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
+    seed = rank if args.seed is None else args.seed
     if args.keys_file:
+        if args.seed is not None:
+            p.error("--seed draws batches; --keys-file reads them")
         keys, rows, seen = workload.load_batches(args.keys_file, rank, size)
         args.batch, args.fields = keys.shape[1:]
     else:
-        keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=rank)
+        keys, rows, seen = workload.make_batches(args.batches, args.batch, args.fields, args.distinct, seed=seed)
     if args.feed == "records":
         features = set(peers.FEATURES.get(args.peer, ("ids",))) | ({"ts"} if args.faae else set())
-        dataset = workload.record_dataset(workload.write_records(keys, rows, rank), args.batch, args.fields, features)
+        dataset = workload.record_dataset(workload.write_records(keys, rows, seed), args.batch, args.fields, features)
     else:
         dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
