@@ -57,6 +57,7 @@ class World:
         node.Free()
         exit_hooks.abort_on_uncaught_error()
         host_defaults.share_cores(self.size, self.local_size, timeout)
+        host_defaults.keep_freed_memory()
         import horovod.tensorflow as hvd
 
         if not hvd.is_initialized():
