@@ -69,14 +69,20 @@ def spread(values):
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc):
+    """The options of every run against the loop (this script's and premapped_bound.py's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--optimizers", nargs="+", choices=["lazy_adam", "sgd"], default=["lazy_adam", "sgd"])
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--core", type=int, default=1)
-    p.add_argument("--windows", nargs="+", choices=sorted(WINDOWS), default=["steady", "first"])
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardrec-bench-limit"))
+    return p
+
+
+def main(argv=None):
+    p = arguments(__doc__)
+    p.add_argument("--windows", nargs="+", choices=sorted(WINDOWS), default=["steady", "first"])
     args = p.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     binary, keys = build(args.work)

@@ -13,16 +13,14 @@ the medians and spreads of CPU time per id, the ratio reached (peer / shardrec),
 (peer / (loop + feed_ids)), shardrec's step beyond its feed against the loop, and the step that
 issue 42's target would need (peer / target - feed_ids) against the loop, then one JSON line.
 """
-import argparse
 import json
 import os
 import statistics
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from limit import WINDOWS, build, loop, spread  # noqa: E402
+from limit import WINDOWS, arguments, build, loop, spread  # noqa: E402
 from scaling import run as json_line  # noqa: E402
 
 PEERS = ("shardrec", "tf_premapped", "feed_ids", "feed_rows")
@@ -57,13 +55,7 @@ def derived(ns, optimizer):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--optimizers", nargs="+", choices=["lazy_adam", "sgd"], default=["lazy_adam", "sgd"])
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--core", type=int, default=1)
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardrec-bench-limit"))
-    args = p.parse_args(argv)
+    args = arguments(__doc__).parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     binary, keys = build(args.work)
     rounds = {o: [] for o in args.optimizers}
