@@ -76,8 +76,8 @@ def keep_freed_memory() -> None:
     tensors (at dim 128 the restore gather's 54 MB, the loss's gradient as large) then come back
     every step as new pages that the kernel faults in and zeroes: 27k page faults and a third of a
     rank's CPU time a step (bench/sparse_step.py --dim 128: 1070 -> 710 ns per id with the
-    memory kept; dim 16 unchanged). Served from the heap and never trimmed, they are reused; the
-    rank's resident memory stays at its peak, which every step reaches anyway. Off with
+    memory kept; dim 16 unchanged). Served from the heap and never trimmed, they are reused. The
+    price: the rank's resident memory stays at its highest, a one-off peak (a restore) included. Off with
     SHARDREC_KEEP_FREED_MEMORY=0, or when GLIBC_TUNABLES sets malloc's own tunables."""
     if os.environ.get(KEEP_FREED_MEMORY, "1") == "0" or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return
