@@ -63,9 +63,9 @@ print("FAULTS", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 PAGES = 3 * (64 << 20) // 4096
 
 
-def _faults(**env):
+def _faults(wrapper=(), **env):
     base = {k: v for k, v in os.environ.items() if k not in ("SHARDREC_KEEP_FREED_MEMORY", "GLIBC_TUNABLES")}
-    proc = subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([*wrapper, sys.executable, "-c", REUSE], capture_output=True, text=True, timeout=120,
                           env=dict(base, TF_CPP_MIN_LOG_LEVEL="2", **env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return int(proc.stdout.split("FAULTS ")[1])
@@ -81,3 +81,10 @@ def test_freed_memory_goes_back_to_the_system_when_told_to():
 
 def test_malloc_tunables_the_user_set_are_left_alone():
     assert _faults(GLIBC_TUNABLES="glibc.malloc.tcache_count=7") > PAGES * 9 // 10
+
+
+def test_a_process_under_a_data_limit_gives_freed_memory_back():
+    """Kept memory and the heap's top pad would count against the limit (an SSD-tiered table trained
+    under RLIMIT_DATA ran out of memory with them, tests/test_tiers.py)."""
+    limit = 16 << 30
+    assert _faults(wrapper=("prlimit", f"--data={limit}:{limit}")) > PAGES * 9 // 10

@@ -3,6 +3,7 @@ Horovod's cycle and stall limits, and for ranks that share a host TensorFlow's t
 the C allocator told to keep freed memory."""
 import ctypes
 import os
+import resource
 import sys
 
 from .logs import get_logger
@@ -78,8 +79,16 @@ def keep_freed_memory() -> None:
     rank's CPU time a step (bench/sparse_step.py --dim 128: 1070 -> 710 ns per id with the
     memory kept; dim 16 unchanged). Served from the heap and never trimmed, they are reused. The
     price: the rank's resident memory stays at its highest, a one-off peak (a restore) included. Off with
-    SHARDREC_KEEP_FREED_MEMORY=0, or when GLIBC_TUNABLES sets malloc's own tunables."""
+    SHARDREC_KEEP_FREED_MEMORY=0, when GLIBC_TUNABLES sets malloc's own tunables, or under a
+    limit on the process's memory (RLIMIT_DATA, RLIMIT_AS)."""
     if os.environ.get(KEEP_FREED_MEMORY, "1") == "0" or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return
+    # Under a limit on the process's memory, kept memory and the heap's top pad count against it
+    # (an SSD-tiered table trained under RLIMIT_DATA ran out with them): the limit wins.
+    limited = [name for name in ("RLIMIT_DATA", "RLIMIT_AS")
+               if resource.getrlimit(getattr(resource, name))[0] != resource.RLIM_INFINITY]
+    if limited:
+        log.info("%s is set: freed memory goes back to the system (%s=0 is implied)", limited[0], KEEP_FREED_MEMORY)
         return
     try:
         mallopt = ctypes.CDLL(None).mallopt
