@@ -70,8 +70,8 @@ def main(argv=None):
         print(f"{optimizer}, dim {args.dim}, CPU ns per id, median (min-max) of {len(measured)} round(s):")
         for who in ("loop",) + PEERS:
             print(f"  {who:<16} {spread([ns[who] for ns in measured])}")
-        ratios = {k: [derived(ns, optimizer)[k] for ns in measured]
-                  for k in ("reached", "bound", "step_over_loop", "needed_ns", "loop_over_needed")}
+        per_round = [derived(ns, optimizer) for ns in measured]
+        ratios = {k: [d[k] for d in per_round] for k in per_round[0]}
         for k, values in ratios.items():
             print(f"  {k:<16} {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
         report.append({"optimizer": optimizer, "dim": args.dim, "rounds": measured,

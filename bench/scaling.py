@@ -123,11 +123,9 @@ def _seed(step, i):
 def report_together(rounds, together, n, unit, with_cpu):
     """The machine's own scaling (N copies at once against one alone) and the distribution's (N
     ranks against N copies at once), rates and CPU time per id, medians over the rounds."""
-    def ratio(values):
-        return statistics.median(values), values
-
-    machine, _ = ratio([t["ids_per_s"] / (n * r[0]["ids_per_s"]) for r, t in zip(rounds, together)])
-    distribution, per_round = ratio([r[1]["ids_per_s"] / t["ids_per_s"] for r, t in zip(rounds, together)])
+    machine = statistics.median(t["ids_per_s"] / (n * r[0]["ids_per_s"]) for r, t in zip(rounds, together))
+    per_round = [r[1]["ids_per_s"] / t["ids_per_s"] for r, t in zip(rounds, together)]
+    distribution = statistics.median(per_round)
     print(f"{n} single ranks at once, a core each, no exchange: efficiency {machine:.2f} (the machine's own); "
           f"{n} ranks against them: {distribution:.2f} ({', '.join(f'{x:.2f}' for x in per_round)}) in {unit}")
     out = {"efficiency": machine, "ranks_over_copies": distribution, "rounds": [t["ids_per_s"] for t in together]}
@@ -135,8 +133,9 @@ def report_together(rounds, together, n, unit, with_cpu):
         copies = [statistics.mean(t["cpu_ns_per_id"]) for t in together]
         one = [r[0]["cpu_ns_per_id"][0] for r in rounds]
         many = [statistics.mean(r[1]["cpu_ns_per_id"]) for r in rounds]
-        cpu_machine, _ = ratio([c / o for c, o in zip(copies, one)])
-        cpu_distribution, cpu_rounds = ratio([m / c for m, c in zip(many, copies)])
+        cpu_machine = statistics.median(c / o for c, o in zip(copies, one))
+        cpu_rounds = [m / c for m, c in zip(many, copies)]
+        cpu_distribution = statistics.median(cpu_rounds)
         print(f"CPU time per id: {n} copies at once {statistics.median(copies):.1f} ns, {cpu_machine:.2f}x one alone; "
               f"{n} ranks {cpu_distribution:.2f}x the copies ({', '.join(f'{x:.2f}' for x in cpu_rounds)})")
         out.update(cpu_ns_per_id=statistics.median(copies), cpu_over_one=cpu_machine,
