@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -66,7 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--evict-every", type=int, default=50, help="train: steps between evictions (EvictHook)")
     p.add_argument("--admit-after", type=int, default=1, help="train: events of an id before it gets a row")
     p.add_argument("--keep", type=int, default=3, help="train: checkpoints kept (max_to_keep)")
-    p.add_argument("--work", default="stream-demo", help="demo: its folder (broker data, events, model, logs)")
+    p.add_argument("--work", help="demo: its folder (broker data, events, model, logs), emptied first; default: a "
+                                  "new temporary folder, which the demo prints and leaves for you to look at")
     p.add_argument("--serve", action="store_true", help="demo: also serve the model while it trains "
                    "(shardrec-serve, examples/serve_while_training.py) and show a new id's prediction change")
     p.add_argument("--new-id-from", metavar="FILE", help="produce: once FILE exists, a quarter of the events "
@@ -227,9 +229,13 @@ def train(args):
 def demo(args):
     from shardrec.launch.redis_server import RedisServer
 
-    work = os.path.abspath(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    if args.work:
+        work = os.path.abspath(args.work)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+    else:  # never the checkout, nor wherever the demo happens to run
+        work = tempfile.mkdtemp(prefix="shardrec-stream-demo-")
+    print(f"[demo] its folder (broker data, events, model, logs): {work}", flush=True)
     model = os.path.join(work, "model")
     me = [sys.executable, os.path.abspath(__file__)]
     common = ["--partitions", str(args.partitions), "--seed", str(args.seed)]

@@ -15,3 +15,9 @@ def outputs(features, dim=4):
 
 def every_row_outputs(features):
     return outputs(features, dim=8)
+
+
+def scaled_outputs(features):
+    """Two batched inputs: the score of each id times its own scale."""
+    out = outputs(features)
+    return dict(out, score=out["score"] * features["scale"])

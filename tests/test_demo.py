@@ -92,13 +92,22 @@ def test_the_stream_demo_trains_every_event_the_producer_wrote_once(tmp_path):
     """`make stream-demo`, shortened: a Redis server, the producer for 12 s (drifting every 4 s),
     the job on 2 ranks under shardrec-run printing its lag; at the end the final checkpoint's stream
     positions hold exactly the events produced, and ids of the first drift were evicted by event
-    time."""
+    time. Run from the checkout without --work, as `make stream-demo` does, it leaves the checkout
+    as it was (git status) and works in a temporary folder."""
+    def status():
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], capture_output=True,
+                              text=True, cwd=ROOT, check=True).stdout
+
+    before = status()
     cmd = [sys.executable, os.path.join(ROOT, "examples", "stream_wide_deep.py"), "demo", "--seconds", "12",
-           "--rate", "800", "--drift-s", "4", "--evict-after", "5", "--evict-every", "4", "--idle", "6", "--incremental", "30,3",
-           "--work", str(tmp_path / "demo")]
+           "--rate", "800", "--drift-s", "4", "--evict-after", "5", "--evict-every", "4", "--idle", "6", "--incremental", "30,3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=dict(os.environ, SHARDREC_PROGRESS_S="2"))
+                          env=dict(os.environ, SHARDREC_PROGRESS_S="2", TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert status() == before
+    work = re.search(r"\[demo\] its folder \(broker data, events, model, logs\): (\S+)", proc.stdout)
+    assert work and os.path.dirname(work[1]) == str(tmp_path) and os.listdir(os.path.join(work[1], "model")), \
+        proc.stdout[:2000]
     found = re.search(r"STREAM-DEMO produced=(\d+) trained=(\d+) exit=0 checkpoints_kept=(\d+)", proc.stdout)
     assert found and found[1] == found[2] and int(found[1]) >= 4000, proc.stdout[-3000:]
     assert re.search(r"progress: \d+ samples/s, .*lag partition 0: \d+ records", proc.stdout), proc.stdout[-3000:]

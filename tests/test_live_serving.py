@@ -3,6 +3,7 @@
 size saved it; no request sees part of an update; damaged, incomplete and broken saves are refused by
 name with the version served kept; a restarted server comes back at the newest complete checkpoint;
 TF Serving's REST API and its errors, over real HTTP."""
+import json
 import os
 import shutil
 import signal
@@ -371,6 +372,12 @@ def test_tf_serving_s_rest_api_its_formats_and_its_errors(chains, tmp_path):
             (400, "input(s) ['ids'] of signature 'serving_default' missing"): ({"inputs": {}}, None),
             (413, "over the limit of 10485"): ({"inputs": {"ids": list(range(5000))}}, None),
             (400, "classify is not supported"): ({"instances": [1]}, "/v1/models/model:classify"),
+            (400, "input 'ids': expects int64, got booleans"): ({"inputs": {"ids": [True, False]}}, None),
+            (400, "expects int64, got booleans (true/false)"): ({"instances": [True]}, None),
+            (400, "JSON Parse error: the body is nested too deeply"):
+                (b'{"inputs": {"ids": ' + b"[" * 5000 + b"]" * 5000 + b"}}", None),
+            (400, "input 'ids': not a rectangular array of int64"):
+                ({"inputs": {"ids": json.loads("[" * 200 + "1" + "]" * 200)}}, None),
             (404, "Malformed request"): ({}, "/v2/whatever"),
         }
         for (code, message), (body, path) in bad.items():
@@ -384,6 +391,51 @@ def test_tf_serving_s_rest_api_its_formats_and_its_errors(chains, tmp_path):
     finally:
         server.stop()
     assert "Traceback" not in server.log, server.log
+
+
+def test_a_columnar_request_whose_inputs_differ_in_batch_size_is_a_400_naming_them(chains, tmp_path):
+    """A model of two batched inputs (ids, scale), served: inputs of 3 and 2 rows are refused before
+    the graph runs, naming both inputs and the rule, with nothing of TensorFlow's graph in the
+    answer; the same inputs of one batch size are answered, score = the one-input model's x scale."""
+    from live_serving_model import scaled_outputs
+    from shardrec.rank_runtime import export_saved_model
+
+    checkpoint = os.path.join(chains[2], "model-4")
+    export = str(tmp_path / "scaled")
+    export_saved_model(checkpoint, export, scaled_outputs, {"ids": tf.TensorSpec([None], tf.int64),
+                                                            "scale": tf.TensorSpec([None], tf.float32)})
+    ids = _probe_ids([checkpoint])[:3]
+    server = LiveServer(export, None)
+    try:
+        r = _post(server, {"inputs": {"ids": ids.tolist(), "scale": [1.0, 2.0]}})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "different batch sizes ('ids' 3, 'scale' 2)" in error and "first dimension" in error, error
+        for internal in ("node", "Graph execution", "File ", "concat", "mul", "[["):
+            assert internal not in error, error
+        scale = [1.0, 2.0, -0.5]
+        good = _post(server, {"inputs": {"ids": ids.tolist(), "scale": scale}})
+        assert good.status_code == 200, good.text
+        want = _oracle(checkpoint, tmp_path, ids)["score"] * np.float32(scale)
+        np.testing.assert_allclose(np.asarray(good.json()["outputs"]["score"], np.float32), want, rtol=1e-6)
+    finally:
+        server.stop()
+
+
+def test_what_the_model_says_of_inputs_it_cannot_run_keeps_the_rule_and_drops_the_graph():
+    """TensorFlow's own error of a graph run on inputs that do not fit (a concat of 3 and 2 rows),
+    as a request's 400 says it: the rule, without node names, definition sites or code."""
+    from shardrec.rank_runtime.serving.live.rest_api import model_refusal
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        a, b = tf.compat.v1.placeholder(tf.float32, [None, 2]), tf.compat.v1.placeholder(tf.float32, [None, 1])
+        joined = tf.concat([a, b], 1)
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            sess.run(joined, {a: np.zeros((3, 2)), b: np.zeros((2, 1))})
+    said = model_refusal(raised.value.message)
+    assert "Dimension" in said or "dimension" in said, (said, raised.value.message)
+    for internal in ("node", "Detected at", "File ", "[[", "ConcatOp", "test_live_serving"):
+        assert internal not in said, (said, raised.value.message)
 
 
 def test_numbered_version_directories_for_tf_serving_follow_the_job_and_keep_the_newest(chains, tmp_path):

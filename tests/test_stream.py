@@ -100,6 +100,38 @@ def test_a_file_is_counted_by_its_framing_and_a_cut_one_is_named(tmp_path):
         count_records(path, "0")
 
 
+def _record_starts(path):
+    """Where each record of a TFRecord file starts, from its framing (8-byte length, 4-byte CRC, the
+    data, 4-byte CRC), read here in Python as the oracle of the native count."""
+    data, starts, at = open(path, "rb").read(), [], 0
+    while at < len(data):
+        starts.append(at)
+        at += 16 + int.from_bytes(data[at:at + 8], "little")
+    return starts
+
+
+def test_a_record_with_a_flipped_byte_is_named_by_partition_file_and_offset(tmp_path):
+    """A byte flipped in the data of record 3 of a partition's second file (its length's CRC
+    intact): the job trains the first file, then stops with an error naming the partition, the
+    file and the record's byte offset (TensorFlow's reader says only `DataLossError: corrupted record
+    at N`)."""
+    stream = tmp_path / "stream"
+    produce(stream, 1, 2, 10)
+    path = str(stream / "0" / "events-00001.tfrecord")
+    bad = _record_starts(path)[3]
+    data = bytearray(open(path, "rb").read())
+    data[bad + 12 + 5] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(StreamFileError, match=rf"partition '0': {re.escape(path)}: record 3 at byte {bad} .*the CRC of "
+                                              "its data does not match"):
+        count_records(path, "0")
+    proc = mpiexec(1, "stream_job.py", "--stream", stream, "--partitions", 1, "--out", tmp_path, "--tag", "crc",
+                   "--model", tmp_path / "model", "--idle", 2, timeout=120)
+    assert proc.returncode != 0
+    assert f"stream partition '0': {path}: record 3 at byte {bad}" in proc.stderr, proc.stderr[-3000:]
+    assert "DataLossError" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_file_read_to_its_end_may_go_and_is_not_counted_again_while_waiting(tmp_path, monkeypatch):
     """The reader alone (no MPI): once a file was handed out whole, waiting for the next one neither
     counts it again at every poll nor needs it (a producer's retention may remove it)."""
@@ -311,17 +343,18 @@ def test_a_broker_that_does_not_answer_at_start_is_named(tmp_path):
     assert "start it, or give the url of one that runs" in proc.stderr
 
 
-def test_a_broker_that_goes_away_and_comes_back_loses_nothing(tmp_path):
-    """2 ranks train the first file of each of 2 partitions, the broker is SIGKILLed and, 3 s later,
-    started again on its append-only file; then the rest is published. The job waits, goes on, and
-    at its end every key was counted once per occurrence in the stream."""
+def test_a_broker_away_longer_than_idle_timeout_loses_nothing(tmp_path):
+    """2 ranks train the first file of each of 2 partitions, the broker is SIGKILLed and, 7 s later
+    (idle_timeout_s is 4), started again on its append-only file; a second later the rest is
+    published. The job waits for the broker (time away is not idle time), goes on, and at its end
+    every key was counted once per occurrence in the stream."""
     server = RedisServer(str(tmp_path / "redis")).start()
     name, model = "events", tmp_path / "model"
     ids = publish(server.url, name, 2, 3, 24, only_files={0})
     result = {}
     job = threading.Thread(target=lambda: result.update(proc=mpiexec(
         2, "stream_job.py", "--stream", name, "--broker", server.url, "--partitions", 2, "--out", tmp_path,
-        "--tag", "away", "--model", model, "--every", 2, "--idle", 8, "--access-threshold", 2, timeout=240)))
+        "--tag", "away", "--model", model, "--every", 2, "--idle", 4, "--access-threshold", 2, timeout=240)))
     job.start()
     try:
         deadline = time.monotonic() + 180
@@ -329,14 +362,17 @@ def test_a_broker_that_goes_away_and_comes_back_loses_nothing(tmp_path):
             assert job.is_alive() and time.monotonic() < deadline, result
             time.sleep(0.1)
         server.stop(kill=True)
-        time.sleep(3)
+        time.sleep(7)
         server.start()
+        time.sleep(1)
         publish(server.url, name, 2, 3, 24, only_files={1, 2})
         job.join(240)
     finally:
         server.stop()
     proc = check(result["proc"])
-    assert "the broker does not answer" in proc.stderr and "the broker answers again after" in proc.stderr
+    assert "the broker does not answer" in proc.stderr, proc.stderr[-3000:]
+    away = [int(s) for s in re.findall(r"the broker answers again after (\d+) s away", proc.stderr)]
+    assert len(away) == 2 and min(away) >= 6, proc.stderr[-3000:]  # each rank's reader says so
     parts = [np.load(tmp_path / f"away-rank{r}-of2.npz") for r in range(2)]
     assert sum(int(p["records"]) for p in parts) == len(ids)
     [ckpt] = find_checkpoints(tf.train.latest_checkpoint(str(model)))
@@ -347,6 +383,28 @@ def test_a_broker_that_goes_away_and_comes_back_loses_nothing(tmp_path):
     order = np.argsort(counted)
     np.testing.assert_array_equal(counted[order], seen)
     np.testing.assert_array_equal(counts[order], times)
+
+
+def test_a_save_whose_global_step_is_not_the_graph_s_is_refused_and_saves_nothing(tmp_path):
+    """2 ranks on a directory stream with admission counting keys: after step 5 the script saves with
+    global_step=4. Every rank gets an error naming both numbers, nothing of model-4 is written, the
+    job goes on; its final save (the right step) holds every key counted once per occurrence."""
+    stream, model = tmp_path / "stream", tmp_path / "model"
+    ids = produce(stream, 2, 3, 24)
+    proc = check(mpiexec(2, "stream_job.py", "--stream", stream, "--partitions", 2, "--out", tmp_path, "--tag", "w",
+                         "--model", model, "--every", 100, "--idle", 2, "--access-threshold", 2, "--wrong-step-at", 5,
+                         timeout=240))
+    refusals = re.findall(r"WRONG-STEP-REFUSED rank (\d): (.*)", proc.stdout)
+    assert sorted(r for r, _ in refusals) == ["0", "1"], proc.stdout[-3000:]
+    for _, message in refusals:
+        assert "global_step=4, but the graph's global step is 5" in message and "nothing was saved" in message, message
+    assert not [n for n in os.listdir(model) if "model-4" in n], os.listdir(model)
+    keys, counts, positions, step = _counted(model)
+    assert step == len(ids) // (2 * 8) and sum(int(np.load(tmp_path / f"w-rank{r}-of2.npz")["records"]) for r in range(2)) \
+        == len(ids)
+    seen, times = np.unique(ids, return_counts=True)
+    np.testing.assert_array_equal(keys, seen)
+    np.testing.assert_array_equal(counts, times)
 
 
 def _counted(model):

@@ -62,6 +62,7 @@ from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_s
 from ..formats.manifest import FULL, SaveRef
 from .table_restore import restore_tables
 from .table_save import table_writer
+from ..formats.channel import Channel
 from ..process.world import get_world
 
 log = get_logger("shardrec.saver")
@@ -295,6 +296,7 @@ class Saver(_TFSaver):
     def _save_tables(self, sess, path, step, shared, plan):
         """Writes and commits this rank's shard; returns its directory."""
         cfg = config.get_config()
+        _check_step_trained(sess, step, path)
         back_to = step_of_save(step)
         mode = "plain" if plan is None else plan.kind.kind
         tables = {table.table_name: table_writer(table, back_to, mode) for table in self._tables}
@@ -328,6 +330,24 @@ class Saver(_TFSaver):
             if mine:
                 shutil.rmtree(sparse_dir(old), ignore_errors=True)
                 discard_staged(old)
+
+
+def _check_step_trained(sess, step, path) -> None:
+    """A save whose contents follow the training step (a stream's positions, admission's counts
+    taken back to it) is of the step the graph has trained to: a number that disagrees would save
+    the positions and counts of other batches than the ones trained, so it is refused before
+    anything is written. A graph without a global step has only the number given."""
+    if step is None or not get_world().exchanges[Channel.TRAIN].step_follows_training:
+        return
+    variable = tf.compat.v1.train.get_global_step(sess.graph)
+    if variable is None:
+        return
+    trained = int(sess.run(variable))
+    if trained != step:
+        raise ValueError(f"Saver.save({path!r}): global_step={step}, but the graph's global step is {trained}: this "
+                         f"rank trained {trained} steps, and the checkpoint's stream positions and admission counts "
+                         f"are those of the steps trained; nothing was saved. Pass global_step=<the global step "
+                         f"tensor> (or its value, {trained})")
 
 
 def _kind_and_layout(path: str) -> tuple:

@@ -100,19 +100,26 @@ class PartitionedStream:
         whether its data ends now, because the job was asked to stop or idle_timeout_s passed. Says
         every WAIT_LOG_S that it waits."""
         now = time.monotonic()
-        if not self._waiting:
-            self._waiting, self._said = True, now
-            heartbeat.waiting_for_data(True)
-        elif now - self._said >= WAIT_LOG_S:
+        if self._waiting and now - self._said >= WAIT_LOG_S:
             log.info("stream %s: waiting for data in partition(s) %s (%.0f s so far)", self.source,
                      ", ".join(self.owned), waited_s)
             self._said = now
-        if resize.requested():
-            log.info("stream %s: the job was asked to stop while waiting for data: this rank's data ends", self.source)
+        if self._asked_to_stop():
             return True
         if self.idle_timeout_s is not None and waited_s >= self.idle_timeout_s:
             log.info("stream %s: nothing new in partition(s) %s for %.0f s (idle_timeout_s): this rank's data ends",
                      self.source, ", ".join(self.owned), waited_s)
+            return True
+        return False
+
+    def _asked_to_stop(self) -> bool:
+        """Called while the reader waits (for data, or for a broker that does not answer): whether
+        the job was asked to stop, which ends this rank's data."""
+        if not self._waiting:
+            self._waiting, self._said = True, time.monotonic()
+            heartbeat.waiting_for_data(True)
+        if resize.requested():
+            log.info("stream %s: the job was asked to stop while waiting for data: this rank's data ends", self.source)
             return True
         return False
 

@@ -151,6 +151,13 @@ class RedisStream(PartitionedStream):
         away_since = None
         while True:
             try:
+                if away_since is not None:
+                    # The idle clock starts when the broker answers: an empty read right after an
+                    # outage would otherwise measure the outage as idle time and end the data.
+                    self.client.ping()
+                    log.info("stream %s: the broker answers again after %.0f s away; reading goes on", self.source,
+                             time.monotonic() - away_since)
+                    away_since, idle_since = None, time.monotonic()
                 for k in range(len(owned)):
                     partition = owned[(turn + k) % len(owned)]
                     at = reading[partition]
@@ -177,21 +184,18 @@ class RedisStream(PartitionedStream):
                     # Wakes as soon as any partition has an entry after its position.
                     self.client.xread({self.key(p): reading[p].file or START for p in owned}, count=1,
                                       block=max(1, int(self.poll_s * 1000)))
-                if away_since is not None:
-                    log.info("stream %s: the broker answers again after %.0f s; reading goes on", self.source,
-                             time.monotonic() - away_since)
-                    away_since, idle_since = None, time.monotonic()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
                 now = time.monotonic()
                 if away_since is None or now - warned >= WAIT_LOG_S:
-                    log.warning("stream %s: the broker does not answer (%s); waiting for it (%.0f s so far), "
+                    log.warning("stream %s: the broker does not answer (%s); waiting for it (%.0f s away so far), "
                                 "reading goes on from the same entries when it is back", self.source, e,
                                 0.0 if away_since is None else now - away_since)
                     warned = now
-                away_since = away_since or now
+                if away_since is None:
+                    away_since = now
                 if pending.records:
                     yield pending.take()
-                if self._wait_ends(0.0):  # asked to stop
+                if self._asked_to_stop():
                     return
                 time.sleep(self.poll_s)
 

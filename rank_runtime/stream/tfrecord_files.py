@@ -2,7 +2,8 @@
 length, its 4-byte CRC, the data, the data's 4-byte CRC). The stream's positions are record
 counts, so every file is counted when it is handed to tf.data; a file whose framing does not add
 up to its size (cut short, or not TFRecord) is refused by name and offset before any of it is
-trained. The CRCs themselves are checked by TensorFlow's reader as it reads. The count is native
+trained, and so is a file with a record whose CRC does not match: TensorFlow's reader checks them
+too, but names neither the file nor the partition. The count is native
 (storage/tfrecord_framing.h, in the framing module, which links no MPI, so that producers and
 scripts may use it): a Python loop over the records cost the directory stream a tenth of its
 samples/s (bench/README.md)."""
@@ -14,9 +15,14 @@ class StreamFileError(ValueError):
 
 
 def count_records(path: str, partition: str) -> int:
-    counted = framing.count_tfrecords(path)
+    counted = framing.count_tfrecords(path, check_crc=True)
     if counted.bad_offset < 0:
         return counted.records
+    if counted.bad_crc:
+        raise StreamFileError(f"stream partition {partition!r}: {path}: record {counted.records} at byte "
+                              f"{counted.bad_offset} ({counted.bad_length} bytes): the CRC of its {counted.bad_crc} "
+                              "does not match, the file is damaged; none of it was trained: put an intact copy in its "
+                              "place (under another name, then renamed over it), or remove it to skip its records")
     if counted.bad_length < 0:
         raise StreamFileError(f"stream partition {partition!r}: {path} ends inside the header of record "
                               f"{counted.records} (byte {counted.bad_offset} of {counted.size}); a stream file must "

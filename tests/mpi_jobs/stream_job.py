@@ -9,6 +9,7 @@ Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: r
 itself after the step that makes the global step STEP (a rank lost mid-run; under shardrec-run, in
 the first attempt only). --idle 0: the stream waits for data for ever (the job runs until it is
 stopped). --step-delay S: a pause after every step, for tests that act on a running job.
+--wrong-step-at STEP: a save with global_step one lower than the graph's, which must fail.
 --die-in-save STEP: rank 1 SIGKILLs itself inside its save of STEP, its arrays written and its
 manifest not (in the first attempt only). --stop-at STEP: the job saves and ends at STEP, as a
 resize does (a phase of a reference run). Writes
@@ -63,6 +64,8 @@ def main():
     p.add_argument("--die-in-save", type=int)
     p.add_argument("--stop-at", type=int, help="save and end after the step that makes the global step this")
     p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
+    p.add_argument("--wrong-step-at", type=int, help="after the step that makes the global step this, a save that "
+                                                      "passes global_step one lower, which must be refused")
     args = p.parse_args()
 
     tf.compat.v1.disable_eager_execution()
@@ -117,6 +120,13 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.stop_at == at:
                 break
+            if args.wrong_step_at == at:
+                try:
+                    saver.save(sess, os.path.join(args.model, "model"), global_step=at - 1)
+                except ValueError as e:  # a CheckpointError on more than one rank: every rank learns it
+                    print(f"WRONG-STEP-REFUSED rank {rank}: {e}", flush=True)
+                else:
+                    raise AssertionError(f"a save of global_step={at - 1} at the graph's global step {at} was taken")
             if at % args.every == 0:
                 saver.save(sess, os.path.join(args.model, "model"), global_step=at)
         saver.save(sess, os.path.join(args.model, "model"), global_step=at)

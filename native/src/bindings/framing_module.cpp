@@ -55,14 +55,18 @@ PYBIND11_MODULE(framing, m) {
       .def_readonly("bad_offset", &shardrec::TFRecordCount::bad_offset,
                     "Where the framing stops adding up (-1: it adds up to the end).")
       .def_readonly("bad_length", &shardrec::TFRecordCount::bad_length,
-                    "The length the record there claims (-1: its header is cut short).");
+                    "The length the record there claims (-1: its header is cut short).")
+      .def_readonly("bad_crc", &shardrec::TFRecordCount::bad_crc,
+                    "With check_crc: 'length' or 'data', the CRC there that does not match ('' if none).");
   m.def(
       "count_tfrecords",
-      [](const std::string& path) {
+      [](const std::string& path, bool check_crc) {
         py::gil_scoped_release nogil;
-        return shardrec::count_tfrecords(path);
+        return shardrec::count_tfrecords(path, check_crc);
       },
-      py::arg("path"), "A TFRecord file's records, counted from its framing (the data is not read).");
+      py::arg("path"), py::arg("check_crc") = false,
+      "A TFRecord file's records, counted from its framing (with check_crc, both CRCs of every record checked; "
+      "without it the data is not read).");
   py::class_<shardrec::FramedRecords>(m, "FramedRecords")
       .def_property_readonly("starts", [](const shardrec::FramedRecords& f) { return to_numpy(f.starts); },
                              "Where each record's data starts in the blobs joined.")

@@ -1,7 +1,8 @@
-// The record count of a TFRecord file from its framing alone (each record: an 8-byte little-endian
+// The record count of a TFRecord file from its framing (each record: an 8-byte little-endian
 // length, its 4-byte CRC, the data, the data's 4-byte CRC), for the directory stream
-// (rank_runtime/stream/tfrecord_files.py), which counts every file it hands to tf.data. Headers are
-// read through a 1 MiB window, so a file of small records costs a read per MiB, not one per record.
+// (rank_runtime/stream/tfrecord_files.py), which counts every file it hands to tf.data and checks its
+// CRCs there, where the file and the record can be named (TensorFlow's reader names neither). The
+// file is read through a 1 MiB window, so a file of small records costs a read per MiB, not one per record.
 // The same framing in memory (frame_tfrecords: a Redis stream's packed entries, the bytes of a
 // TFRecord file each) is split into its records' data, both CRCs of every record checked.
 #pragma once
@@ -26,9 +27,13 @@ struct TFRecordCount {
   int64_t size = 0;         // the file's bytes
   int64_t bad_offset = -1;  // where the framing stops adding up (-1: it adds up to the file's end)
   int64_t bad_length = -1;  // the length the record there claims (-1: its header is cut short)
+  std::string bad_crc;      // with check_crc: "length" or "data", the CRC at bad_offset that does not match
 };
 
-inline TFRecordCount count_tfrecords(const std::string& path) {
+// check_crc reads every record's data too (the file once through the window, both CRCs of every
+// record checked), so that a damaged record is named before any of the file is handed out;
+// without it only the headers are read.
+inline TFRecordCount count_tfrecords(const std::string& path, bool check_crc = false) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw FileError(errno, "cannot open " + path);
   TFRecordCount out;
@@ -42,27 +47,57 @@ inline TFRecordCount count_tfrecords(const std::string& path) {
   constexpr int64_t kWindow = 1 << 20, kHeader = 8, kFrame = 8 + 4 + 4;
   std::vector<char> window(kWindow);
   int64_t window_at = 0, window_len = 0, at = 0;
-  while (at < out.size) {
-    if (at < window_at || at + kHeader > window_at + window_len) {
-      const ssize_t got = ::pread(fd, window.data(), kWindow, at);
-      if (got < 0) {
+  // Makes [at, at + n) readable in the window when the file holds it (a record larger than the
+  // window grows it); false on a short file.
+  auto hold = [&](int64_t n) {
+    if (at >= window_at && at + n <= window_at + window_len) return true;
+    if (static_cast<int64_t>(window.size()) < n) window.resize(static_cast<size_t>(n));
+    int64_t got = 0;
+    while (got < static_cast<int64_t>(window.size()) && at + got < out.size) {
+      const ssize_t r = ::pread(fd, window.data() + got, window.size() - got, at + got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
         const int e = errno;
         ::close(fd);
         throw FileError(e, "cannot read " + path);
       }
-      window_at = at;
-      window_len = got;
+      if (r == 0) break;
+      got += r;
     }
-    if (at + kHeader > out.size || at + kHeader > window_at + window_len) {
+    window_at = at;
+    window_len = got;
+    return at + n <= window_at + window_len;
+  };
+  while (at < out.size) {
+    if (at + kHeader > out.size || !hold(kHeader)) {
       out.bad_offset = at;
       break;
     }
+    const char* p = window.data() + (at - window_at);
     uint64_t length;
-    std::memcpy(&length, window.data() + (at - window_at), sizeof(length));  // little-endian hosts
+    std::memcpy(&length, p, sizeof(length));  // little-endian hosts
     if (length > static_cast<uint64_t>(out.size) || at + kFrame + static_cast<int64_t>(length) > out.size) {
       out.bad_offset = at;
       out.bad_length = static_cast<int64_t>(length);
       break;
+    }
+    if (check_crc) {
+      const int64_t n = kFrame + static_cast<int64_t>(length);
+      if (!hold(n)) {  // the file shrank under the reader
+        out.bad_offset = at;
+        out.bad_length = static_cast<int64_t>(length);
+        break;
+      }
+      p = window.data() + (at - window_at);
+      uint32_t length_crc, data_crc;
+      std::memcpy(&length_crc, p + 8, 4);
+      std::memcpy(&data_crc, p + 12 + length, 4);
+      if (masked_crc32c(p, 8) != length_crc || masked_crc32c(p + 12, length) != data_crc) {
+        out.bad_offset = at;
+        out.bad_length = static_cast<int64_t>(length);
+        out.bad_crc = masked_crc32c(p, 8) != length_crc ? "length" : "data";
+        break;
+      }
     }
     at += kFrame + static_cast<int64_t>(length);
     ++out.records;

@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from ...process.logs import get_logger
 from .follower import NoVersion, Served
-from .rest_api import RestError, encode_predict, parse_predict
+from .rest_api import RestError, encode_predict, model_refusal, parse_predict
 
 log = get_logger("shardrec.serve")
 _ROUTE = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>-?\d+))?(?P<rest>/metadata|:predict|"
@@ -97,7 +97,7 @@ class RestApp:
         except NoVersion:
             raise RestError(503, "no version is loaded; try again") from None
         except tf.errors.InvalidArgumentError as e:
-            raise RestError(400, e.message) from None
+            raise RestError(400, model_refusal(e.message)) from None
         if version is not None and int(version) != info.number:  # replaced while the request waited
             raise RestError(404, f"Servable not found for request: Specific({name}, {version}); version "
                                  f"{info.number} is served")

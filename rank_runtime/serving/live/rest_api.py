@@ -4,6 +4,7 @@ signature input, checked against the signature's dtypes and shapes; outputs back
 "predictions" or "outputs"; errors as TF Serving gives them, {"error": message} with its status."""
 import base64
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,9 @@ def _json(body: bytes):
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RestError(400, f"JSON Parse error: {e}") from None
+    except RecursionError:
+        raise RestError(400, "JSON Parse error: the body is nested too deeply (a request's values are lists of at "
+                             "most a tensor's rank, 32 levels)") from None
 
 
 def signature_name(doc) -> str:
@@ -95,10 +99,14 @@ def _array(alias, value, spec) -> np.ndarray:
         return np.array(decode(value), dtype=object)
     try:
         array = np.array(value)
-    except ValueError as e:
-        raise RestError(400, f"input {alias!r}: not a rectangular array ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise RestError(400, f"input {alias!r}: not a rectangular array of {spec.dtype.name} ({e})") from None
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise RestError(400, f"input {alias!r}: expects {spec.dtype.name} numbers in a rectangular list")
+    if (array.dtype.kind == "b") != (spec.dtype == tf.bool) and array.size:
+        # JSON's true and false are not numbers, nor numbers booleans, as TF Serving reads them.
+        got = "booleans (true/false)" if array.dtype.kind == "b" else "numbers"
+        raise RestError(400, f"input {alias!r}: expects {spec.dtype.name}, got {got}")
     if spec.dtype.is_integer and array.dtype.kind == "f":
         raise RestError(400, f"input {alias!r}: expects {spec.dtype.name}, got a non-integer number")
     if spec.dtype.is_integer and array.dtype != spec.dtype.as_numpy_dtype:  # int64 from JSON fits int64
@@ -129,26 +137,23 @@ def _feeds(columns: dict, signature: Signature, row_format: bool) -> dict:
         feeds[alias] = array
     if row_format and len({a.shape[0] if a.ndim else None for a in feeds.values()}) > 1:
         raise RestError(400, "instances: the named inputs have different batch sizes")
+    batched = {alias: feeds[alias].shape[0] for alias, spec in signature.inputs.items()
+               if spec.shape is not None and len(spec.shape) and spec.shape[0] is None}
+    if len(batched) == len(feeds) and len(set(batched.values())) > 1:
+        sizes = ", ".join(f"{alias!r} {n}" for alias, n in sorted(batched.items()))
+        raise RestError(400, f"inputs: the inputs have different batch sizes ({sizes}); every input of signature "
+                             f"{signature.name!r} has the batch as its first dimension, the same in all of them")
     return feeds
 
 
-def _plain(array):
-    if array.dtype == object:
-        return [_plain(np.asarray(x)) for x in array] if array.ndim else \
-            {"b64": base64.b64encode(array.item()).decode()}
-    return array.tolist()
+_GRAPH_LINES = ("Graph execution error", "Detected at node", "File ", "Node:", "[[")
+_OP_PREFIX = re.compile(r"^\w+Op ?: ")
 
 
-def encode_predict(outputs: dict, row_format: bool) -> dict:
-    if not row_format:
-        plain = {k: _plain(v) for k, v in outputs.items()}
-        return {"outputs": next(iter(plain.values())) if len(plain) == 1 else plain}
-    if len(outputs) == 1:
-        return {"predictions": _plain(next(iter(outputs.values())))}
-    batches = {k: v.shape[0] if v.ndim else None for k, v in outputs.items()}
-    if len(set(batches.values())) > 1 or None in batches.values():
-        raise RestError(400, f"the outputs have inconsistent batch sizes {batches}: ask for the columnar format "
-                             "('inputs' instead of 'instances')")
-    rows = {k: _plain(v) for k, v in outputs.items()}
-    batch = next(iter(batches.values()))
-    return {"predictions": [{k: v[i] for k, v in rows.items()} for i in range(batch)]}
+def model_refusal(message: str) -> str:
+    """What the model said of inputs it could not run, without TensorFlow's graph or code: the first
+    line of its message that is neither a node, a definition site nor an op's name."""
+    lines = (line.strip() for line in message.splitlines())
+    rule = next((line for line in lines if line and not line.startswith(_GRAPH_LINES)
+                 and not line.endswith("(most recent call last):")), "")
+    return f"the model refused the request's inputs: {_OP_PREFIX.sub('', rule) or 'an input does not fit the model'}"
