@@ -5,6 +5,7 @@ name with the version served kept; a restarted server comes back at the newest c
 TF Serving's REST API and its errors, over real HTTP."""
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -109,6 +110,13 @@ def test_every_version_equals_a_fresh_export_of_its_checkpoint_across_a_change_o
             got = _assert_serves(server, path, ids, tmp_path)
             seen.append(got["emb"])
         log = server.log
+        families = _metrics_as_the_docs_list_them(server)
+        assert families["shardrec_serve_model_version"][0].value == STEPS[-1]
+        updates = {s.labels["how"]: s.value for s in families["shardrec_serve_updates_total"]
+                   if s.name == "shardrec_serve_updates_total"}
+        assert updates["delta"] >= 1 and updates["full"] >= 1, updates
+        shardrec = server.status()["shardrec"]
+        assert shardrec["checkpoint"] == f"model-{STEPS[-1]}" and shardrec["committed_at"] <= shardrec["served_at"]
     finally:
         server.stop()
     assert "a delta applied in place" in log and "loaded whole" in log, log
@@ -116,6 +124,29 @@ def test_every_version_equals_a_fresh_export_of_its_checkpoint_across_a_change_o
     rows = np.stack(seen)
     zero = ~rows.any(axis=2)
     assert (zero[0] & ~zero[-1]).any() and (~zero[0] & zero[-1]).any() and zero[:, -2:].all()
+
+
+def _metrics_as_the_docs_list_them(server) -> dict:
+    """The server's /metrics, parsed by prometheus_client, checked against the table of
+    docs/guide/serving.md: the same metrics, each of the type and with the labels it says. Returns
+    the samples of each metric by its documented name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    guide = open(os.path.join(os.path.dirname(HERE), "docs", "guide", "serving.md"), encoding="utf-8").read()
+    documented = {name: (kind, set(re.findall(r"`(\w+)`", labels))) for name, kind, labels in
+                  re.findall(r"^ *\| `(shardrec_serve_\w+)` \| (\w+) \|([^|]*)\|", guide, re.M)}
+    assert len(documented) >= 8, documented
+    served, samples = {}, {}
+    for family in text_string_to_metric_families(requests.get(f"{server.url}/metrics", timeout=10).text):
+        if family.name.endswith("_created"):  # the time a counter's or histogram's series began
+            base = family.name[:-len("_created")]
+            assert documented.get(base + "_total", documented.get(base, ("",)))[0] in ("counter", "histogram"), base
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for sample in family.samples for k in sample.labels if k != "le"}
+        served[name], samples[name] = (family.type, labels), family.samples
+    assert served == documented
+    return samples
 
 
 def _rows_at(model_dir, step, ids):

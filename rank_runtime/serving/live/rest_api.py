@@ -157,3 +157,25 @@ def model_refusal(message: str) -> str:
     rule = next((line for line in lines if line and not line.startswith(_GRAPH_LINES)
                  and not line.endswith("(most recent call last):")), "")
     return f"the model refused the request's inputs: {_OP_PREFIX.sub('', rule) or 'an input does not fit the model'}"
+
+
+def _plain(array):
+    if array.dtype == object:
+        return [_plain(np.asarray(x)) for x in array] if array.ndim else \
+            {"b64": base64.b64encode(array.item()).decode()}
+    return array.tolist()
+
+
+def encode_predict(outputs: dict, row_format: bool) -> dict:
+    if not row_format:
+        plain = {k: _plain(v) for k, v in outputs.items()}
+        return {"outputs": next(iter(plain.values())) if len(plain) == 1 else plain}
+    if len(outputs) == 1:
+        return {"predictions": _plain(next(iter(outputs.values())))}
+    batches = {k: v.shape[0] if v.ndim else None for k, v in outputs.items()}
+    if len(set(batches.values())) > 1 or None in batches.values():
+        raise RestError(400, f"the outputs have inconsistent batch sizes {batches}: ask for the columnar format "
+                             "('inputs' instead of 'instances')")
+    rows = {k: _plain(v) for k, v in outputs.items()}
+    batch = next(iter(batches.values()))
+    return {"predictions": [{k: v[i] for k, v in rows.items()} for i in range(batch)]}
