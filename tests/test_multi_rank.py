@@ -4,6 +4,7 @@ import glob
 import os
 import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -109,6 +110,25 @@ def test_a_job_that_hangs_says_where_every_rank_is():
     assert "still running after 20 s" in text
     stacks = re.findall(r'File ".*stuck_after_init.py", line \d+ in waiting_for_ever_after_init', text)
     assert len(stacks) == 2, text[-3000:]
+
+
+def test_an_exit_that_waits_says_what_for_after_5_s_and_is_bounded():
+    """A script that ends leaving a thread of its own that never ends: Python's exit would wait for
+    it for ever. Each rank says, 5 s into its exit, where its main thread waits and which thread
+    still runs; at SHARDREC_EXIT_TIMEOUT_S the job ends with an error naming the rank and the wait."""
+    started = time.monotonic()
+    proc = mpiexec(2, "slow_exit.py", timeout=120, env={"SHARDREC_EXIT_TIMEOUT_S": "12"})
+    took = time.monotonic() - started
+    assert proc.returncode != 0 and proc.stdout.count("SCRIPT-DONE") == 2, proc.stderr[-3000:]
+    waits = "Python's join of the script's own threads (threads not made daemon=True)"
+    said = re.findall(rf"\[rank (\d)/2\] .* exiting for (\d+) s now; the main thread waits in {re.escape(waits)}; "
+                      r"other threads: ([^(]*) \(", proc.stderr)
+    assert said and {r for r, *_ in said} <= {"0", "1"}, proc.stderr[-3000:]
+    assert all(int(s) >= 5 and "a-thread-that-never-ends" in others for _, s, others in said), said
+    assert re.search(rf"\[rank \d/2\] exiting took 1[2-9] s \(SHARDREC_EXIT_TIMEOUT_S\), waiting in {re.escape(waits)}; "
+                     r"other threads: a-thread-that-never-ends; .*ending the whole job \(MPI_Abort, status 1\)",
+                     proc.stderr), proc.stderr[-3000:]
+    assert took < 60, took
 
 
 def test_a_script_run_without_mpiexec_leaves_no_shared_memory_behind(tmp_path):

@@ -407,6 +407,38 @@ def test_a_save_whose_global_step_is_not_the_graph_s_is_refused_and_saves_nothin
     np.testing.assert_array_equal(counts, times)
 
 
+def test_a_broker_that_comes_back_without_its_entries_is_named(tmp_path):
+    """The broker is SIGKILLed mid-run and a new one, without the old one's append-only file, starts
+    on its port with a few new entries: the job stops with an error naming the partition and what
+    happened, instead of reading on as if the entries trained were there."""
+    server = RedisServer(str(tmp_path / "redis")).start()
+    name, model = "events", tmp_path / "model"
+    publish(server.url, name, 1, 2, 24, only_files={0})
+    result = {}
+    job = threading.Thread(target=lambda: result.update(proc=mpiexec(
+        1, "stream_job.py", "--stream", name, "--broker", server.url, "--partitions", 1, "--out", tmp_path,
+        "--tag", "lost", "--model", model, "--every", 2, "--idle", 4, timeout=240)))
+    job.start()
+    fresh = RedisServer(str(tmp_path / "fresh"), port=server.port)
+    try:
+        deadline = time.monotonic() + 180
+        while not (model / "model-2.index").exists():
+            assert job.is_alive() and time.monotonic() < deadline, result
+            time.sleep(0.1)
+        server.stop(kill=True)
+        time.sleep(2)
+        fresh.start()
+        publish(fresh.url, name, 1, 2, 2, seed=1, only_files={1})
+        job.join(240)
+    finally:
+        fresh.stop()
+    proc = result["proc"]
+    assert proc.returncode != 0
+    said = re.search(rf"stream partition '0': Redis stream '{name}:0' has had [02] entries added, but (\d+) were read "
+                     r"\(up to entry \d+-(\d+)\): the stream was deleted or replaced", proc.stderr)
+    assert said and int(said[1]) == int(said[2]) + 1 >= 16, proc.stderr[-3000:]  # 2 batches of 8 were trained
+
+
 def _counted(model):
     """Admission's count of every key in the latest checkpoint of `model`, by key, and the stream
     positions the checkpoint holds."""

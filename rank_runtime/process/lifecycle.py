@@ -5,7 +5,7 @@ Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 import atexit
 import os
 
-from . import config, heartbeat, metrics, resize, tf_patches
+from . import config, exit_watch, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
 from .logs import get_logger, warn_once
 from .state import STATE, SaveTimerState
@@ -121,6 +121,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     tf_patches.patch_tensorflow()
     if not STATE.terminate_registered:
         atexit.register(terminate_config_initializer)
+        exit_watch.install()
         STATE.terminate_registered = True
     rank, size = world.rank, world.size
     if bind_cpu:

@@ -155,6 +155,9 @@ class RedisStream(PartitionedStream):
                     # The idle clock starts when the broker answers: an empty read right after an
                     # outage would otherwise measure the outage as idle time and end the data.
                     self.client.ping()
+                    # A broker back without the entries read (restarted without its append-only
+                    # file, or replaced) would otherwise be read on from ids it never had.
+                    self._check_untrimmed(reading)
                     log.info("stream %s: the broker answers again after %.0f s away; reading goes on", self.source,
                              time.monotonic() - away_since)
                     away_since, idle_since = None, time.monotonic()
@@ -298,7 +301,7 @@ class RedisStream(PartitionedStream):
             if added < at.offset:
                 raise StreamFileError(
                     f"stream partition {partition!r}: Redis stream {self.key(partition)!r} has had {added} entries "
-                    f"added, but {at.offset} were trained (up to entry {at.file}): the stream was deleted or "
+                    f"added, but {at.offset} were read (up to entry {at.file}): the stream was deleted or "
                     "replaced; train a new model from it, or restore the stream")
             if length < added - at.offset:
                 raise StreamFileError(
