@@ -64,3 +64,12 @@ def reference_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def uninterrupted(reference_run):
     return reference_run[1]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A Redis server of the test module's own (Debian's redis-server), for stream tests."""
+    from shardrec.launch.redis_server import RedisServer
+
+    with RedisServer(str(tmp_path_factory.mktemp("redis"))) as server:
+        yield server

@@ -1,5 +1,6 @@
-"""Training from a DirectoryStream: files counted by their framing, positions saved with every
-checkpoint, and a job killed mid-run and restarted that trains every record exactly once."""
+"""Training from a stream: files counted by their framing and damaged ones named, positions saved
+with every checkpoint, a save of the wrong step refused, and jobs killed, resized and stopped that
+train every record exactly once (the broker's own faults: test_stream_broker.py)."""
 import glob
 import os
 import re
@@ -12,83 +13,12 @@ import pytest
 import tensorflow as tf
 
 from mpi_helpers import check, mpiexec
-from shardrec.launch.redis_server import RedisServer, free_port
+from shardrec.launch.redis_server import free_port
 from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
-from shardrec.rank_runtime.formats.sparse_checkpoint import read_manifest
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
-from shardrec.rank_runtime.stream import StreamFileError, pack_records
+from shardrec.rank_runtime.stream import StreamFileError
 from shardrec.rank_runtime.stream.tfrecord_files import count_records
-
-FIELDS = 3
-
-
-def events(partitions, files, records, seed=0, ids_by_file=None):
-    """{(file, partition): serialized tf.train.Example records}, and every record's ids (the same
-    first files whatever `files` is). ids_by_file: a dict that gets each file's ids."""
-    rng = np.random.default_rng(seed)
-    pool = rng.integers(0, 2**40, size=200)
-    out, written = {}, []
-    for f in range(files):
-        for p in range(partitions):
-            ids = pool[np.minimum(rng.geometric(0.03, size=(records, FIELDS)) - 1, len(pool) - 1)]
-            ys = rng.normal(size=records).astype(np.float32)
-            out[f, p] = [tf.train.Example(features=tf.train.Features(feature={
-                "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
-                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString()
-                for row, y in zip(ids, ys)]
-            written.append(ids)
-            if ids_by_file is not None:
-                ids_by_file[f, p] = ids
-    return out, np.concatenate(written)
-
-
-def produce(root, partitions, files, records, seed=0, only_files=None):
-    """`files` files of `records` records in each partition, written under a dot-name and renamed
-    into place as a producer does; returns every record's ids."""
-    by_file, ids = events(partitions, files, records, seed)
-    for (f, p), serialized in by_file.items():
-        if only_files is not None and f not in only_files:
-            continue
-        folder = os.path.join(root, str(p))
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".events-{f:05d}.tfrecord")
-        with tf.io.TFRecordWriter(tmp) as w:
-            for record in serialized:
-                w.write(record)
-        os.rename(tmp, os.path.join(folder, f"events-{f:05d}.tfrecord"))
-    return ids
-
-
-def publish(url, name, partitions, files, records, seed=0, only_files=None, packs=(1,)):
-    """The records of produce(), appended to Redis streams name:0 .. name:<partitions - 1>: a file's
-    records in entries of packs[0], packs[1], ... records in turn (an entry of one record as
-    `record`, of several packed as `records`)."""
-    import redis
-
-    by_file, ids = events(partitions, files, records, seed)
-    client = redis.Redis.from_url(url)
-    for (f, p), serialized in by_file.items():
-        if only_files is None or f in only_files:
-            pipe = client.pipeline()
-            for entry in _entries(serialized, packs):
-                pipe.xadd(f"{name}:{p}", {"record": entry[0]} if len(entry) == 1 else {"records": pack_records(entry)})
-            pipe.execute()
-    return ids
-
-
-def _entries(records, packs):
-    out, at, turn = [], 0, 0
-    while at < len(records):
-        out.append(records[at:at + packs[turn % len(packs)]])
-        at, turn = at + len(out[-1]), turn + 1
-    return out
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with RedisServer(str(tmp_path_factory.mktemp("redis"))) as server:
-        yield server
-
+from stream_helpers import FIELDS, counted, events, produce, publish, reader
 
 def test_a_file_is_counted_by_its_framing_and_a_cut_one_is_named(tmp_path):
     produce(tmp_path, 1, 1, 7)
@@ -195,7 +125,7 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     (tmp_path / "resized" / "checkpoint").write_text('model_checkpoint_path: "model-5"\n'
                                                     'all_model_checkpoint_paths: "model-5"\n')
     if source == "redis":  # the save of step 5 cut a packed entry of a partition
-        assert any(pos.within for pos in _counted(tmp_path / "resized")[2].values())
+        assert any(pos.within for pos in counted(tmp_path / "resized")[2].values())
     check(mpiexec(2, "stream_job.py", *common, "--tag", "resumed", "--model", tmp_path / "resumed", timeout=240))
     check(mpiexec(1, "stream_job.py", *common, "--tag", "resized", "--model", tmp_path / "resized", timeout=240))
     midsave = _killed_in_save_under_the_supervisor(tmp_path, common)
@@ -217,19 +147,11 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
     [resized] = [np.load(tmp_path / "resized-rank0-of1.npz")]
     assert int(resized["records"]) == len(ids) - 5 * 8 * 2 and int(resized["step"]) == 5 + 26
     np.testing.assert_array_equal(np.sort(resized["keys"]), keys)
-    for model, ranks in (("straight", 2), ("resumed", 2), ("resized", 1), ("midsave", 2)):
-        final = tf.train.latest_checkpoint(str(tmp_path / model))
+    for model in ("straight", "resumed", "resized", "midsave"):
         # Admission's counts: every key counted as often as the stream holds it, no batch twice.
-        [ckpt] = find_checkpoints(final)
-        rows = table_rows(ckpt, "emb")
-        counted = np.concatenate([rows["keys"], rows["pending_keys"]])
-        counts = np.concatenate([rows["counts"], rows["pending_counts"]])
-        order = np.argsort(counted)
-        np.testing.assert_array_equal(counted[order], seen, err_msg=model)
-        np.testing.assert_array_equal(counts[order], times, err_msg=model)
-        shards = [read_manifest(os.path.join(os.path.dirname(final), f"sparse-{os.path.basename(final)}",
-                                             f"rank-{r}-of-{ranks}")) for r in range(ranks)]
-        positions = {p: pos for m in shards for p, pos in m.stream.partitions.items()}
+        keys_counted, counts, positions, _ = counted(tmp_path / model)
+        np.testing.assert_array_equal(keys_counted, seen, err_msg=model)
+        np.testing.assert_array_equal(counts, times, err_msg=model)
         assert positions == ends, (model, positions)
 
 
@@ -253,16 +175,6 @@ def _killed_in_save_under_the_supervisor(tmp_path, common):
     return [np.load(tmp_path / f"midsave-rank{r}-of2.npz") for r in range(2)]
 
 
-def _reader(stream, positions, resume=None):
-    """The reader of a stream alone (no MPI): this process owns every partition."""
-    from shardrec.rank_runtime.stream.cursor import StreamCursor
-
-    stream.owned = list(stream.names)
-    stream.cursor = StreamCursor(positions)
-    stream._prepare()
-    return stream._read(stream.cursor, resume)
-
-
 def test_a_restore_at_the_end_of_a_files_goes_on_with_the_next_partition(tmp_path):
     """A save that ended exactly at the end of a file of partition 0 (its resume partition): the job
     that never stopped read partition 1 next, and so does the restored one."""
@@ -270,119 +182,12 @@ def test_a_restore_at_the_end_of_a_files_goes_on_with_the_next_partition(tmp_pat
 
     produce(tmp_path, 2, 2, 4)
     stream = directory.DirectoryStream(tmp_path, 2, idle_timeout_s=0.2, poll_s=0.05)
-    cut = _reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 2), "1": PartitionPosition(None, 0)}, "0")
+    cut = reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 2), "1": PartitionPosition(None, 0)}, "0")
     assert [(os.path.relpath(path, tmp_path), first) for path, first in cut][:2] == [
         ("0/events-00000.tfrecord", 2), ("1/events-00000.tfrecord", 0)]
-    ended = _reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 4), "1": PartitionPosition(None, 0)}, "0")
+    ended = reader(stream, {"0": PartitionPosition("events-00000.tfrecord", 4), "1": PartitionPosition(None, 0)}, "0")
     assert [(os.path.relpath(path, tmp_path), first) for path, first in ended][:2] == [
         ("1/events-00000.tfrecord", 0), ("0/events-00001.tfrecord", 0)]
-
-
-def test_a_broker_entry_without_the_record_or_trimmed_before_training_is_named(broker, tmp_path):
-    import redis
-
-    from shardrec.rank_runtime.stream import RedisStream
-
-    client, name = redis.Redis.from_url(broker.url), tmp_path.name
-    first = client.xadd(f"{name}:0", {"record": b"a"}).decode()
-    bad = client.xadd(f"{name}:0", {"payload": b"b"}).decode()
-    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.2, poll_s=0.05, block_entries=4)
-    blocks = _reader(stream, {"0": PartitionPosition(None, 0)})
-    with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0' has no field "
-                                              r"'record' or 'records' \(it has \['payload'\]\)"):
-        next(blocks)
-    # Both entries trimmed away, of which one was never trained: refused, before anything is read.
-    client.xtrim(f"{name}:0", maxlen=0)
-    with pytest.raises(StreamFileError, match=rf"1 entries of Redis stream '{name}:0' after entry {first} "
-                                              r"\(position 1\) were trimmed before they were trained"):
-        next(_reader(stream, {"0": PartitionPosition(first, 1)}))
-    # Trained to its end, then trimmed (retention after a checkpoint): nothing to read, no error.
-    assert list(_reader(stream, {"0": PartitionPosition(bad, 2)})) == []
-
-
-def _read_all(blocks):
-    return [bytes(joined[s:s + n]) for joined, starts, lengths in blocks for s, n in zip(starts, lengths)]
-
-
-def test_packed_entries_resume_after_any_record_and_a_bad_one_is_named(broker, tmp_path):
-    """Entries of 5, 1, 7, 3 and 4 records (one of them a single `record`), read in blocks of 2
-    entries: cut after any of the 20 records, the position the cursor gives resumes with exactly
-    the records after it. A packed entry that is not TFRecord framing stops the reader, named."""
-    import redis
-
-    from shardrec.rank_runtime.stream import RedisStream
-
-    client, name = redis.Redis.from_url(broker.url), tmp_path.name
-    records = [f"record {i}".encode() * (i % 3 + 1) for i in range(20)]
-    for entry in _entries(records, (5, 1, 7, 3, 4)):
-        client.xadd(f"{name}:0", {"record": entry[0]} if len(entry) == 1 else {"records": pack_records(entry)})
-    stream = RedisStream(broker.url, name, 1, idle_timeout_s=0.05, poll_s=0.02, block_entries=2)
-    assert _read_all(_reader(stream, {"0": PartitionPosition(None, 0)})) == records
-    for k in range(21):
-        assert _read_all(_reader(stream, {"0": PartitionPosition(None, 0)})) == records  # hands out every entry
-        if k:
-            stream.cursor.batch_exchanged(k)
-        at = stream.cursor.latest()["0"]
-        assert (at.within > 0) == (k not in (0, 5, 6, 13, 16, 20)), (k, at)  # inside an entry, or at its end
-        assert _read_all(_reader(stream, {"0": at}, "0")) == records[k:], (k, at)
-    # A position inside the first entry (5 records) that says 5 of them were trained: not this stream.
-    with pytest.raises(StreamFileError, match=r"holds 5 records, but 5 of them were trained: the entry changed"):
-        _read_all(_reader(stream, {"0": PartitionPosition(None, 0, 5)}, "0"))
-    bad = client.xadd(f"{name}:0", {"records": pack_records([b"fine"]) + b"not TFRecord framing"}).decode()
-    with pytest.raises(StreamFileError, match=rf"partition '0': entry {bad} of Redis stream '{name}:0': record 1 at "
-                                              r"byte 20 of its 'records' field: the CRC of its length does not match"):
-        _read_all(_reader(stream, {"0": at}))
-
-
-def test_a_broker_that_does_not_answer_at_start_is_named(tmp_path):
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    proc = mpiexec(1, "stream_job.py", "--stream", "events", "--broker", url, "--partitions", 1, "--out", tmp_path,
-                   "--tag", "t", "--model", tmp_path / "model", timeout=120)
-    assert proc.returncode != 0
-    assert f"RedisStream: the broker at {url} did not answer within 5 s" in proc.stderr, proc.stderr[-3000:]
-    assert "start it, or give the url of one that runs" in proc.stderr
-
-
-def test_a_broker_away_longer_than_idle_timeout_loses_nothing(tmp_path):
-    """2 ranks train the first file of each of 2 partitions, the broker is SIGKILLed and, 7 s later
-    (idle_timeout_s is 4), started again on its append-only file; a second later the rest is
-    published. The job waits for the broker (time away is not idle time), goes on, and at its end
-    every key was counted once per occurrence in the stream."""
-    server = RedisServer(str(tmp_path / "redis")).start()
-    name, model = "events", tmp_path / "model"
-    ids = publish(server.url, name, 2, 3, 24, only_files={0})
-    result = {}
-    job = threading.Thread(target=lambda: result.update(proc=mpiexec(
-        2, "stream_job.py", "--stream", name, "--broker", server.url, "--partitions", 2, "--out", tmp_path,
-        "--tag", "away", "--model", model, "--every", 2, "--idle", 4, "--access-threshold", 2, timeout=240)))
-    job.start()
-    try:
-        deadline = time.monotonic() + 180
-        while not (model / "model-2.index").exists():
-            assert job.is_alive() and time.monotonic() < deadline, result
-            time.sleep(0.1)
-        server.stop(kill=True)
-        time.sleep(7)
-        server.start()
-        time.sleep(1)
-        publish(server.url, name, 2, 3, 24, only_files={1, 2})
-        job.join(240)
-    finally:
-        server.stop()
-    proc = check(result["proc"])
-    assert "the broker does not answer" in proc.stderr, proc.stderr[-3000:]
-    away = [int(s) for s in re.findall(r"the broker answers again after (\d+) s away", proc.stderr)]
-    assert len(away) == 2 and min(away) >= 6, proc.stderr[-3000:]  # each rank's reader says so
-    parts = [np.load(tmp_path / f"away-rank{r}-of2.npz") for r in range(2)]
-    assert sum(int(p["records"]) for p in parts) == len(ids)
-    [ckpt] = find_checkpoints(tf.train.latest_checkpoint(str(model)))
-    rows = table_rows(ckpt, "emb")
-    counted = np.concatenate([rows["keys"], rows["pending_keys"]])
-    counts = np.concatenate([rows["counts"], rows["pending_counts"]])
-    seen, times = np.unique(ids, return_counts=True)
-    order = np.argsort(counted)
-    np.testing.assert_array_equal(counted[order], seen)
-    np.testing.assert_array_equal(counts[order], times)
 
 
 def test_a_save_whose_global_step_is_not_the_graph_s_is_refused_and_saves_nothing(tmp_path):
@@ -399,59 +204,12 @@ def test_a_save_whose_global_step_is_not_the_graph_s_is_refused_and_saves_nothin
     for _, message in refusals:
         assert "global_step=4, but the graph's global step is 5" in message and "nothing was saved" in message, message
     assert not [n for n in os.listdir(model) if "model-4" in n], os.listdir(model)
-    keys, counts, positions, step = _counted(model)
+    keys, counts, positions, step = counted(model)
     assert step == len(ids) // (2 * 8) and sum(int(np.load(tmp_path / f"w-rank{r}-of2.npz")["records"]) for r in range(2)) \
         == len(ids)
     seen, times = np.unique(ids, return_counts=True)
     np.testing.assert_array_equal(keys, seen)
     np.testing.assert_array_equal(counts, times)
-
-
-def test_a_broker_that_comes_back_without_its_entries_is_named(tmp_path):
-    """The broker is SIGKILLed mid-run and a new one, without the old one's append-only file, starts
-    on its port with a few new entries: the job stops with an error naming the partition and what
-    happened, instead of reading on as if the entries trained were there."""
-    server = RedisServer(str(tmp_path / "redis")).start()
-    name, model = "events", tmp_path / "model"
-    publish(server.url, name, 1, 2, 24, only_files={0})
-    result = {}
-    job = threading.Thread(target=lambda: result.update(proc=mpiexec(
-        1, "stream_job.py", "--stream", name, "--broker", server.url, "--partitions", 1, "--out", tmp_path,
-        "--tag", "lost", "--model", model, "--every", 2, "--idle", 4, timeout=240)))
-    job.start()
-    fresh = RedisServer(str(tmp_path / "fresh"), port=server.port)
-    try:
-        deadline = time.monotonic() + 180
-        while not (model / "model-2.index").exists():
-            assert job.is_alive() and time.monotonic() < deadline, result
-            time.sleep(0.1)
-        server.stop(kill=True)
-        time.sleep(2)
-        fresh.start()
-        publish(fresh.url, name, 1, 2, 2, seed=1, only_files={1})
-        job.join(240)
-    finally:
-        fresh.stop()
-    proc = result["proc"]
-    assert proc.returncode != 0
-    said = re.search(rf"stream partition '0': Redis stream '{name}:0' has had [02] entries added, but (\d+) were read "
-                     r"\(up to entry \d+-(\d+)\): the stream was deleted or replaced", proc.stderr)
-    assert said and int(said[1]) == int(said[2]) + 1 >= 16, proc.stderr[-3000:]  # 2 batches of 8 were trained
-
-
-def _counted(model):
-    """Admission's count of every key in the latest checkpoint of `model`, by key, and the stream
-    positions the checkpoint holds."""
-    final = tf.train.latest_checkpoint(str(model))
-    [ckpt] = find_checkpoints(final)
-    rows = table_rows(ckpt, "emb")
-    keys = np.concatenate([rows["keys"], rows["pending_keys"]])
-    counts = np.concatenate([rows["counts"], rows["pending_counts"]])
-    sparse = os.path.join(os.path.dirname(final), f"sparse-{os.path.basename(final)}")
-    positions = {p: pos for shard in os.listdir(sparse) if shard.startswith("rank-")
-                 for p, pos in read_manifest(os.path.join(sparse, shard)).stream.partitions.items()}
-    order = np.argsort(keys)
-    return keys[order], counts[order], positions, int(final.rsplit("-", 1)[1])
 
 
 def _sorted_rows(model):
@@ -551,7 +309,7 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
     assert [started(run, a)[0] for a in range(3)] == [2, 1, 2] and not (run / "attempt-3").exists(), stderr[-4000:]
     assert started(run, 1)[2].endswith("model-5"), stderr[-4000:]
     assert "stopped: asked to by signal 15; every rank saved and exited at step" in stderr, stderr[-3000:]
-    keys, counts, positions, step = _counted(model)
+    keys, counts, positions, step = counted(model)
     assert sorted(positions) == ["0", "1", "2", "3"]
     trained = _ids_up_to(ids_by_file, positions, 5, source == "directory")
     seen, times = np.unique(trained, return_counts=True)
@@ -653,7 +411,7 @@ def test_the_metrics_endpoint_of_every_rank_is_scraped_and_parsed_and_sigterm_to
         assert got[("shardrec_evicted_total", r + (("table", "emb"),))] == 0
         assert got[("shardrec_last_save_bytes", (("kind", "full"),) + r)] > 0
         assert got[("shardrec_supervisor_restarts", r)] == 0 == got[("shardrec_supervisor_resizes", r)]
-    keys, counts, positions, step = _counted(model)
+    keys, counts, positions, step = counted(model)
     assert step == 18  # the save at SIGTERM
     assert positions == {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
 
