@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..process import config
+from ..process import batch_events, config
 from .rank_agreement import AGREE_TIMEOUT_S
 from ..formats.channel import Channel
 from ..formats.manifest import DELTA, FULL, SaveKind, SaveRef
@@ -95,6 +95,19 @@ def old_links(kinds: list, keep) -> int:
             break
         gone = end
     return gone
+
+
+@dataclass(frozen=True)
+class SaveClock:
+    """Rank 0's clock of an incremental job, asking for saves after training batches (batch_events.py;
+    the Saver registers it)."""
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        if event.channel == Channel.TRAIN:
+            request_due_save(event.exchange)
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        pass
 
 
 def request_due_save(exchange) -> None:

@@ -49,12 +49,12 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training import saver as saver_lib
 from tensorflow.python.training import training_util
 
-from ..process import config, metrics
+from ..process import batch_events, config, metrics
 from ..admission.steps import follow_global_step, step_of_save
 from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
 from ..process.logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
-from .save_schedule import Chain, asked_save_due, old_links, plan_save, saved_now
+from .save_schedule import Chain, SaveClock, asked_save_due, old_links, plan_save, saved_now
 from .stream_restore import restore_stream
 from ..process.state import STATE
 from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_shards, publish, read_manifest,
@@ -115,6 +115,8 @@ class Saver(_TFSaver):
                 for table in self._tables:
                     table.init_ops()
                     table.index.track_changes(cfg.incremental is not None)
+                if cfg.incremental is not None:
+                    batch_events.register(SaveClock())
         if kwargs.get("defer_build") and self._tables:
             # TensorFlow refuses a var_list with a deferred build; it reads _var_list at build().
             super().__init__(None, *args, **kwargs)

@@ -30,19 +30,18 @@ script that catches the error and goes on therefore stays in step; to train agai
 and restart the job.
 """
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from ..process import config, heartbeat, metrics, resize
+from ..process import batch_events, config, heartbeat, resize
 from ..formats.channel import Channel
 from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
-from ..process.state import STATE
 from . import ragged_ids
 from .routing import FeatureRouting, PoolRouting
-from ..checkpoint.save_schedule import request_due_save
 from ..embedding.tiers import check_datasets
 from ..validation import check_bool, check_type
 from ..process.world import get_world
@@ -113,28 +112,14 @@ class _BatchKeyProcessor:
         result = exchange.run(features, list(key_arrays), not (bool(is_end) or stop), timestamps)
         if self._evicting and exchange.counters().evictions != evictions:
             self._log_eviction(exchange)
-        if result.ended and stop:
-            resize.stop(self.batches)
-            self.batches = 0
-        elif result.ended:
-            ended = exchange.ranks_out_of_data
-            if self.batches == 0:
-                log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "
-                            "batches; give every rank data (a shard of the dataset each)", self.channel.label, ended)
-            else:
-                log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the "
-                         "same batch", self.channel.label, "this rank has no more" if is_end else "another rank ran out",
-                         self.batches, ended)
-            self.batches = 0
+        if result.ended:
+            batches, self.batches = self.batches, 0
+            batch_events.pass_ended(batch_events.PassEnded(self.channel, batches, stop, bool(is_end),
+                                                           list(exchange.ranks_out_of_data)))
         else:
             self.batches += 1
-            heartbeat.batches_exchanged(self.channel, self.batches)
-            if self.channel == Channel.TRAIN:
-                examples = _examples(key_arrays[0])
-                if STATE.stream is not None:
-                    STATE.stream.cursor.batch_exchanged(examples)
-                metrics.batch_trained(examples, self._tables)
-                request_due_save(exchange)
+            batch_events.batch_exchanged(batch_events.BatchExchanged(
+                self.channel, self.batches, _examples(key_arrays[0]), tuple(self._tables), exchange))
         # The native routing's fields, by the names the dataset element files them under (routing.py).
         out = [np.bool_(result.ended)]
         for routing, pooled in zip(result.features, self.pooled):
@@ -321,4 +306,25 @@ def start_asc_pipeline() -> None:
     if cfg.size > 1:
         get_world().make_row_exchanges(state.row_exchanges)
     state.pipeline_started = True
+    batch_events.register(_PassEndLog())
     log.info("key pipeline started for %d table(s)", len(state.tables))
+
+
+@dataclass(frozen=True)
+class _PassEndLog:
+    """Says where and why a pass ended: every rank stops it at the same batch."""
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        pass
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        if event.for_stop:
+            return  # resize.py says that one
+        label, ranks = event.channel.label, list(event.ranks_out)
+        if event.batches == 0:
+            log.warning("%s data: rank(s) %s had no batch at all in this pass, so every rank stops it after 0 "
+                        "batches; give every rank data (a shard of the dataset each)", label, ranks)
+        else:
+            log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the same "
+                     "batch", label, "this rank has no more" if event.this_rank_ran_out else "another rank ran out",
+                     event.batches, ranks)

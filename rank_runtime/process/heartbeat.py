@@ -27,6 +27,7 @@ from typing import Optional
 
 from ..formats.channel import Channel
 from ..formats.heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, STACKS_SIGNAL, Heartbeat
+from . import batch_events
 from .state import STATE
 
 MIN_INTERVAL_S = 0.5
@@ -34,9 +35,23 @@ MIN_INTERVAL_S = 0.5
 _beats = STATE.heartbeat
 
 
+@dataclasses.dataclass(frozen=True)
+class _BatchBeats:
+    """The key pipeline's batches, counted in the beats (batch_events.py)."""
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        batches_exchanged(event.channel, event.number)
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        pass
+
+
 def start(rank: int, size: int) -> None:
     """Called by init(): from here on this rank's progress goes to the supervisor."""
-    if not os.environ.get(RUN_DIR_ENV) or _beats.fd is not None:
+    if not os.environ.get(RUN_DIR_ENV):
+        return
+    batch_events.register(_BatchBeats())
+    if _beats.fd is not None:
         return
     # A duplicate of the stderr mpiexec gave us: the script redirecting sys.stderr (or fd 2) later
     # must not swallow the beats.

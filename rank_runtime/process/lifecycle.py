@@ -5,7 +5,7 @@ Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 import atexit
 import os
 
-from . import config, exit_watch, heartbeat, metrics, resize, tf_patches
+from . import batch_events, config, exit_hooks, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
 from .logs import get_logger, warn_once
 from .state import STATE, SaveTimerState
@@ -121,7 +121,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     tf_patches.patch_tensorflow()
     if not STATE.terminate_registered:
         atexit.register(terminate_config_initializer)
-        exit_watch.install()
+        exit_hooks.install_exit_watch()
         STATE.terminate_registered = True
     rank, size = world.rank, world.size
     if bind_cpu:
@@ -132,6 +132,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     heartbeat.stacks_on_sigusr1()
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
         resize.install()  # before the first beat: the supervisor signals only ranks that beat
+    batch_events.forget_all()  # an earlier init()'s observers, if terminate_config_initializer() was not called
+    resize.observe_stops()
     heartbeat.start(rank, size)
     metrics.start_from_environment()
     log.info("initialised: %d rank(s), %s shapes%s", size, "dynamic" if use_dynamic else "static",
@@ -153,6 +155,7 @@ def terminate_config_initializer() -> None:
     if STATE.config is None:
         return
     log.info("terminated")
+    batch_events.forget_all()
     STATE.config = None
     STATE.stream = None
     STATE.save_timer = SaveTimerState()

@@ -19,6 +19,8 @@ import time
 from typing import Optional
 
 from ..formats.heartbeat_format import ATTEMPT_ENV, RESIZES_ENV, RESTARTS_ENV
+from ..formats.channel import Channel
+from . import batch_events
 from .logs import get_logger
 from .state import STATE
 
@@ -215,8 +217,21 @@ def start_metrics_server(port: int, every_rank: bool = False, addr: str = "127.0
     return mine
 
 
+@dataclasses.dataclass(frozen=True)
+class _TrainingFigures:
+    """Samples trained and the tables' figures, from the key pipeline's training batches (batch_events.py)."""
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        if event.channel == Channel.TRAIN:
+            batch_trained(event.examples, event.tables)
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        pass
+
+
 def start_from_environment() -> None:
-    """init(): the endpoint if SHARDREC_METRICS_PORT asks for it."""
+    """init(): the figures follow the training batches; the endpoint if SHARDREC_METRICS_PORT asks for it."""
+    batch_events.register(_TrainingFigures())
     text = os.environ.get(PORT_ENV)
     if not text:
         return

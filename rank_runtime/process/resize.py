@@ -21,7 +21,9 @@ while it waits.
 import os
 import signal
 
-from . import heartbeat
+from dataclasses import dataclass
+
+from . import batch_events, heartbeat
 from ..formats.heartbeat_format import RESIZE_SIGNAL
 from .logs import get_logger
 from .state import STATE
@@ -104,6 +106,23 @@ def requested() -> bool:
         if state.terms or bytes([SIGNAL]) in arrived:
             state.asked = True
     return state.asked
+
+
+@dataclass(frozen=True)
+class _StopSaid:
+    """A pass that ended because the job was asked to stop: said once (batch_events.py)."""
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        pass
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        if event.for_stop:
+            stop(event.batches)
+
+
+def observe_stops() -> None:
+    """init(): the key pipeline's passes that end for a stop are said (and beaten) by stop()."""
+    batch_events.register(_StopSaid())
 
 
 def stop(batches: int) -> None:

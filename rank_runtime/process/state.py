@@ -99,6 +99,8 @@ class ProcessState:
     # pipeline reports its training batches to it, the Saver saves and restores its positions.
     stream: "Optional[PartitionedStream]" = None
     metrics: MetricsState = field(default_factory=MetricsState)
+    # batch_events.py: the observers of the key pipeline's batches (registered from init() on).
+    batch_observers: List[object] = field(default_factory=list)
     save_timer: SaveTimerState = field(default_factory=SaveTimerState)
 
 

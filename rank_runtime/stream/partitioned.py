@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
-from ..process import config, heartbeat, metrics, resize
+from ..process import batch_events, config, heartbeat, metrics, resize
 from ..process.logs import get_logger
 from ..process.state import STATE
 from ..process.world import get_world
@@ -71,7 +71,10 @@ class PartitionedStream:
         self._prepare()
         self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
         self._number_batches_from(0)
+        if STATE.stream is not None:
+            batch_events.unregister(STATE.stream)
         STATE.stream = self
+        batch_events.register(self)
         resize.stop_on_sigterm()
         metrics.start_progress_lines()
         return self._records().with_options(_own_threads())
@@ -90,6 +93,14 @@ class PartitionedStream:
         self.cursor = StreamCursor({p: positions.get(p, PartitionPosition(None, 0)) for p in self.owned}, step)
         self._resume = resume if resume in self.owned else None
         self._number_batches_from(step)
+
+    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
+        """The records of a training batch are trained (the key pipeline's thread, batch_events.py)."""
+        if event.channel == Channel.TRAIN:
+            self.cursor.batch_exchanged(event.examples)
+
+    def pass_ended(self, event: batch_events.PassEnded) -> None:
+        pass
 
     def _generator(self):
         self._started = True
