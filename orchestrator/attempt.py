@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Dict, Optional, Set
 
 import psutil
 
@@ -34,12 +34,12 @@ READER_DRAIN_S = 10.0  # how long the end of the ranks' output may take to arriv
 class Outcome:
     ok: bool
     reason: str = ""
-    rank: int = None
-    exit_code: int = None
+    rank: Optional[int] = None
+    exit_code: Optional[int] = None
     interrupted: bool = False
-    host: str = None          # the failed rank's host, or the host lost
-    host_lost: bool = False   # the whole host went (silent, or its Open MPI daemon lost)
-    ranks: list = None        # every rank blamed (a lost host's ranks); else [rank] or None
+    host: Optional[str] = None      # the failed rank's host, or the host lost
+    host_lost: bool = False         # the whole host went (silent, or its Open MPI daemon lost)
+    ranks: Optional[list] = None    # every rank blamed (a lost host's ranks); else [rank] or None
 
 
 def log(text):
@@ -51,11 +51,11 @@ class AttemptEnd:
     """How an attempt ended, for summary.json's attempt_list."""
     ok: bool
     reason: str
-    reached_step: int = None   # the last step its ranks reported
-    steps_lost: int = None     # steps the next attempt trains again (since the checkpoint it resumes)
-    host: str = None           # the host blamed for a failure
-    host_lost: bool = False    # the whole host was lost, with every rank there
-    ranks: list = None         # the ranks blamed for a failure
+    reached_step: Optional[int] = None  # the last step its ranks reported
+    steps_lost: Optional[int] = None    # steps the next attempt trains again (since the checkpoint it resumes)
+    host: Optional[str] = None          # the host blamed for a failure
+    host_lost: bool = False             # the whole host was lost, with every rank there
+    ranks: Optional[list] = None        # the ranks blamed for a failure
 
 
 class Attempt:
@@ -73,13 +73,14 @@ class Attempt:
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
         os.makedirs(self.heartbeat_dir, exist_ok=True)
-        self.tails = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
+        self.tails: Dict[object, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=TAIL_LINES))
         self._lock = threading.Lock()  # the output reader records beats, the watch loop judges them
-        self.beats = {}          # rank -> last heartbeat
-        self.moved = {}          # rank -> supervisor time its progress last changed
-        self.heard = {}          # rank -> supervisor time its last beat arrived
-        self.peak_rss = collections.defaultdict(int)
-        self._warned_memory = set()
+        self.beats: Dict[int, Heartbeat] = {}  # rank -> last heartbeat
+        self.moved: Dict[int, float] = {}      # rank -> supervisor time its progress last changed
+        self.heard: Dict[int, float] = {}      # rank -> supervisor time its last beat arrived
+        self.peak_rss: Dict[int, int] = collections.defaultdict(int)
+        self._warned_memory: Set[int] = set()
         # Ticks often enough that a silent rank stands out well within the hang timeout.
         self.tick = min(5.0, max(0.2, spec.hang_timeout / 6))
 

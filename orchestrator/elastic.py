@@ -10,6 +10,7 @@ rank side saves there and stops).
 import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 from .hosts import Cooldowns, DiscoveryError, discover, place
 
@@ -19,7 +20,7 @@ class ElasticSpec:
     discovery: str               # the host discovery script
     min_np: int
     max_np: int
-    start_np: int = None         # slots to wait for before the first attempt (-np; default min_np)
+    start_np: Optional[int] = None  # slots to wait for before the first attempt (-np; default min_np)
     slots_per_host: int = 1
     timeout: float = 600.0       # how long to wait for start_np / min_np slots before giving up
     cooldown: tuple = (10.0, 300.0)  # seconds a failed host stays out: first failure, most

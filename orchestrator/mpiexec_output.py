@@ -13,7 +13,7 @@ a small type the supervisor logs and writes to summary.json.
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, TextIO, Union
+from typing import Callable, Dict, Iterable, Optional, TextIO, Union
 
 from shardrec.rank_runtime.formats.heartbeat_format import MARK
 
@@ -55,18 +55,18 @@ class Evidence:
     hosts: dict                    # rank -> the host its heartbeats named
     unfinished: list               # ranks that beat but never said goodbye
     quiet: list = field(default_factory=list)  # unfinished ranks silent for several ticks, longest first
-    listed: set = None             # the hosts an elastic job's discovery lists now; None: not elastic
+    listed: Optional[set] = None   # the hosts an elastic job's discovery lists now; None: not elastic
 
 
 @dataclass
 class Cause:
     reason: str
     ranks: list = field(default_factory=list)  # the ranks blamed (every rank of a lost host)
-    host: str = None
+    host: Optional[str] = None
     host_lost: bool = False
 
     @property
-    def rank(self):
+    def rank(self) -> Optional[int]:
         return self.ranks[0] if self.ranks else None
 
 
@@ -91,7 +91,7 @@ def judge(ev: Evidence) -> Cause:
             return Cause(f"host {lost} lost, with rank(s) {ranks}: " + "; ".join(sources)
                          + f" (mpiexec exited {ev.code})", ranks, lost, host_lost=True)
     rank = (int(signalled.group(1)) if signalled else own[0] if own
-            else next((int(m.group(1)) for m in [_BOXED_RANK.search(text)] if m), None))
+            else next((int(m.group(1)) for m in [_BOXED_RANK.search(text)] if m), None))  # type: ignore[arg-type]
     status, killed = _EXIT_CODE.search(text), _SIGNAL.search(text)
     host = ev.hosts.get(rank) if rank is not None else None
     what = (f"rank {rank}" if rank is not None else "a rank") + (f" on host {host}" if host else "")
@@ -140,7 +140,7 @@ LAUNCHER = "mpiexec"  # the name mpiexec's own lines (untagged) are kept under
 
 
 def split_output(stream: Iterable[str], directory: str, on_line: Callable[[Union[int, str], str], None],
-                 on_beat: Callable[[int, str], None], echo: Callable[[str], None] = None) -> None:
+                 on_beat: Callable[[int, str], None], echo: Optional[Callable[[str], None]] = None) -> None:
     """Reads `stream` (mpiexec's output, `--output tag`) to its end: each rank's lines go to
     `<directory>/rank-<r>.log` and on_line(r, text), mpiexec's own to `mpiexec.log` and
     on_line(LAUNCHER, text); a heartbeat goes to on_beat(rank, text) and is cut out of its line;

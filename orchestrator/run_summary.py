@@ -72,7 +72,7 @@ _OPTIONAL = {"admission", "tiers", "checkpoints"}
 def summed(per_rank: List[Dict[str, int]]) -> Dict[str, int]:
     """{name: value summed over the ranks}. Counter.update, not Counter's +, which drops a name
     whose sum is 0 (a table that holds no key yet is still listed)."""
-    total = collections.Counter()
+    total: collections.Counter = collections.Counter()
     for values in per_rank:
         total.update(values)
     return dict(total)

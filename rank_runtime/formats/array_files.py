@@ -60,10 +60,10 @@ def write_array(directory: str, name: str, array: np.ndarray) -> ArrayEntry:
     """Writes `array` as <directory>/<name>.npy (not flushed: write_shard flushes a shard's files
     together); returns its manifest entry."""
     array = np.ascontiguousarray(array)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
-    header = header.getvalue()
-    data = memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, np.lib.format.header_data_from_array_1_0(array))
+    header = buffer.getvalue()
+    data = memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
     path = os.path.join(directory, f"{name}.npy")
     with open(path, "wb") as f:
         f.write(header)

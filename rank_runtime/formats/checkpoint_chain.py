@@ -49,11 +49,13 @@ class Link:
     @property
     def previous(self) -> SaveRef:
         """The save this delta builds on (a delta's manifest always names it: read_manifest checks)."""
+        assert self._manifest.previous is not None
         return self._manifest.previous
 
     @property
     def base(self) -> SaveRef:
         """The full save at the start of this delta's chain."""
+        assert self._manifest.base is not None
         return self._manifest.base
 
 
@@ -117,7 +119,8 @@ def surviving(keys: list, removed: list) -> list:
     """For each link (oldest first), for each of its key arrays, the mask of keys that the chain's
     end still holds from that link (None: all): a key is superseded by any later link that holds or
     removed it. keys: [[key array per shard] per link]; removed: [removed key array per link]."""
-    masks, later = [None] * len(keys), np.empty(0, np.int64)
+    masks: list = [None] * len(keys)
+    later = np.empty(0, np.int64)
     for i in range(len(keys) - 1, -1, -1):
         masks[i] = [None if not later.size else ~np.isin(k, later) for k in keys[i]]
         if i:

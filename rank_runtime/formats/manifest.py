@@ -135,7 +135,7 @@ class SaveKind:
     """What a shard's manifest says of its save: a full one, or a delta on `previous` (and so on
     back to `base`, the full save)."""
     kind: str
-    save_id: str
+    save_id: Optional[str]  # None: a save of a job without incremental checkpoints
     base: Optional[SaveRef] = None
     previous: Optional[SaveRef] = None
 
@@ -168,6 +168,7 @@ class ShardManifest:
         if self.save_id is not None:
             out.update(kind=self.kind, save_id=self.save_id)
             if self.kind == DELTA:
+                assert self.base is not None and self.previous is not None  # read_manifest and SaveKind check it
                 out.update(base=self.base.to_json(), previous=self.previous.to_json())
         if self.stream is not None:
             out["stream"] = self.stream.to_json()

@@ -39,7 +39,7 @@ import json
 import os
 import re
 import shutil
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from ..process.logs import get_logger
 from .array_files import MANIFEST, CheckpointError, checked_size, crc_of, file_of
@@ -97,7 +97,7 @@ def admission_arrays(state) -> dict:
 
 
 def write_shard(save_path: str, rank: int, size: int, step: int | None, tables: dict, shared: bool,
-                kind: SaveKind = None, stream: Optional[StreamPositions] = None) -> str:
+                kind: Optional[SaveKind] = None, stream: Optional[StreamPositions] = None) -> str:
     """tables: {table name: writer}, a writer being a function that writes the table's arrays into
     the folder it is given and returns their TableFiles (the Saver's write rows straight from the
     row store, so that no table passes through memory whole).
@@ -213,7 +213,7 @@ def read_manifest(shard_dir: str) -> ShardManifest:
     return manifest
 
 
-def find_shards(root: str) -> dict:
+def find_shards(root: str) -> Tuple[Dict[int, str], int]:
     """{rank: shard directory} of the committed shards under a sparse directory, and the world
     size they were written by."""
     if not os.path.isdir(root):
@@ -238,9 +238,9 @@ def _no_sparse_dir(root: str) -> str:
     """Why `root` holds no checkpoint; for a dense path that is a model directory, which
     checkpoints it does hold."""
     head, tail = os.path.split(root)
-    dense = os.path.join(head, SPARSE_RE.fullmatch(tail).group(1)) if SPARSE_RE.fullmatch(tail) else root
+    dense = os.path.join(head, m.group(1)) if (m := SPARSE_RE.fullmatch(tail)) else root
     if os.path.isdir(dense):
-        names = sorted(SPARSE_RE.fullmatch(e).group(1) for e in os.listdir(dense) if SPARSE_RE.fullmatch(e))
+        names = sorted(m.group(1) for e in os.listdir(dense) if (m := SPARSE_RE.fullmatch(e)))
         held = f"it holds the checkpoint(s) {', '.join(names)}" if names else "it holds no shardrec checkpoint"
         return (f"{dense} is a directory, not a checkpoint prefix: {held}; restore one of them by its prefix "
                 f"(<dir>/<name>), e.g. tf.train.latest_checkpoint({dense!r})")

@@ -64,7 +64,8 @@ class StreamPositions:
 def merged(shards: Dict[int, "StreamPositions"], source: str) -> Tuple[Dict[str, PartitionPosition], Dict[int, str]]:
     """Every partition's position over the shards of one save (each partition is read by one rank),
     and each saving rank's resume partition."""
-    positions, owner = {}, {}
+    positions: Dict[str, PartitionPosition] = {}
+    owner: Dict[str, int] = {}
     for rank, stream in sorted(shards.items()):
         for name, pos in stream.partitions.items():
             if name in owner:

@@ -15,7 +15,7 @@ cheap work, no collective, nothing that waits. init() starts with none registere
 terminate_config_initializer() forgets them all.
 """
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, Tuple
+from typing import Any, List, Protocol, Sequence, Tuple
 
 from ..formats.channel import Channel
 from .state import STATE
@@ -62,11 +62,15 @@ def forget_all() -> None:
     STATE.batch_observers.clear()
 
 
+def _observers() -> List[BatchObserver]:
+    return list(STATE.batch_observers)  # type: ignore[arg-type]  # state.py names no type of a room above it
+
+
 def batch_exchanged(event: BatchExchanged) -> None:
-    for observer in list(STATE.batch_observers):
+    for observer in _observers():
         observer.batch_exchanged(event)
 
 
 def pass_ended(event: PassEnded) -> None:
-    for observer in list(STATE.batch_observers):
+    for observer in _observers():
         observer.pass_ended(event)

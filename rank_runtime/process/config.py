@@ -7,6 +7,7 @@ get their own key index, filled from the checkpoint the Estimator restores.
 """
 import weakref
 from dataclasses import dataclass, field
+from typing import Optional
 
 import tensorflow as tf
 
@@ -32,9 +33,9 @@ class RuntimeConfig:
     if_load: bool
     rank: int
     size: int
-    incremental: IncrementalCheckpoints = None  # None: every save is a full one
+    incremental: Optional[IncrementalCheckpoints] = None  # None: every save is a full one
     # The step whose checkpoint the first restore of this process loads (None: the latest).
-    restore_model_version: int = None
+    restore_model_version: Optional[int] = None
     # A checkpoint was restored (or warm-started) in this process: what if_load=True waits for.
     loaded: bool = False
     graphs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)

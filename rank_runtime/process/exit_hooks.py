@@ -129,7 +129,7 @@ def abort_on_uncaught_error() -> None:
         _say(f"[rank {rank}/{size}] uncaught error, ending the whole job (MPI_Abort, status 1):\n{text}")
         comm.Abort(1)
 
-    excepthook._shardrec = True
+    excepthook._shardrec = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
 
 EXIT_SAY_S = 5.0
@@ -156,7 +156,7 @@ def exit_timeout_s() -> float:
 
 def where_main_waits() -> str:
     """The main thread's innermost frames, innermost first: what it waits in."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
     if frame is None:
         return "the main thread has left Python (MPI's or the interpreter's own shutdown)"
     stack = traceback.extract_stack(frame)

@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from ..formats.channel import Channel
 from ..formats.heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, STACKS_SIGNAL, Heartbeat
@@ -91,6 +91,7 @@ def _progress(**fields) -> None:
     if _beats.fd is None:
         return
     with _beats.lock:
+        assert _beats.beat is not None  # start() made it, with the fd
         _beats.beat = dataclasses.replace(_beats.beat, progress=_beats.beat.progress + 1, **fields)
     _write()
 
@@ -113,6 +114,7 @@ def waiting_for_data(waiting: bool) -> None:
     if _beats.fd is None:
         return
     with _beats.lock:
+        assert _beats.beat is not None
         _beats.beat = dataclasses.replace(_beats.beat, waiting_for_data=waiting)
     _write(force=True, tick=True)  # the reader's thread: the tables are read on the key pipeline's only
 
@@ -121,8 +123,8 @@ def report(step: Optional[int] = None, loss: Optional[float] = None, samples_per
            total_steps: Optional[int] = None) -> None:
     """What a training script tells the supervisor after a step: its global step, loss, speed and
     (if known) the number of steps, for the progress line and the ETA. A no-op without one."""
-    fields = {"step": step, "total_steps": total_steps}
-    fields = {k: int(v) for k, v in fields.items() if v is not None}
+    given = {"step": step, "total_steps": total_steps}
+    fields: Dict[str, float] = {k: int(v) for k, v in given.items() if v is not None}
     fields.update({k: float(v) for k, v in (("loss", loss), ("samples_per_s", samples_per_s)) if v is not None})
     _progress(**fields)
 

@@ -4,6 +4,7 @@ Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 """
 import atexit
 import os
+from typing import Optional
 
 from . import batch_events, config, exit_hooks, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
@@ -75,8 +76,8 @@ def _incremental(is_incremental_checkpoint, save_checkpoint_due_time, save_delta
 
 def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_steps: int = -1,
          use_dynamic: bool = True, use_dynamic_expansion: bool = False, if_load: bool = False, bind_cpu: bool = False,
-         is_incremental_checkpoint: bool = False, save_checkpoint_due_time: int = None,
-         save_delta_checkpoints_secs: int = None, restore_model_version: int = None,
+         is_incremental_checkpoint: bool = False, save_checkpoint_due_time: Optional[int] = None,
+         save_delta_checkpoints_secs: Optional[int] = None, restore_model_version: Optional[int] = None,
          recent_key_count_threshold: int = 0, **kwargs) -> config.RuntimeConfig:
     """Initialises shardrec in this process; call once before building the graph. Every parameter
     of the Rec SDK's init is accepted (docs/reference/init.md); those without a counterpart here are said in

@@ -53,7 +53,7 @@ def _signals_to_pipe() -> None:
     except ValueError:  # not the main thread: the handlers alone (between steps)
         previous = None
     if previous is None or previous != -1:  # off the main thread, or another library's pipe: theirs stays
-        if previous not in (None, -1):
+        if previous is not None:
             signal.set_wakeup_fd(previous)
         os.close(read)
         os.close(write)
