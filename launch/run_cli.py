@@ -35,7 +35,8 @@ import sys
 import time
 
 from shardrec.orchestrator.elastic import ElasticSpec
-from shardrec.orchestrator.supervisor import JobSpec, Supervisor
+from shardrec.orchestrator.job_spec import JobSpec
+from shardrec.orchestrator.supervisor import Supervisor
 
 
 def _check_command(command):

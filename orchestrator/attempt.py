@@ -11,18 +11,16 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 import psutil
 
 from . import job_kill
+from .job_spec import JobSpec
 from .mpiexec_output import LAUNCHER, Evidence, judge, lost_daemon_host, silent_host, split_output
+from .run_summary import AttemptEnd
 from shardrec.rank_runtime.formats import heartbeat_format as beats
 from shardrec.rank_runtime.formats.heartbeat_format import Heartbeat
-
-if TYPE_CHECKING:
-    from .supervisor import JobSpec
 
 TAIL_LINES = 60
 FINISH_GRACE_S = 60.0  # how long ranks may take to finish once one rank has exited
@@ -30,46 +28,24 @@ START_GRACE_S = 60.0  # how long a rank may take to send its first heartbeat, ha
 READER_DRAIN_S = 10.0  # how long the end of the ranks' output may take to arrive once mpiexec exited
 
 
-@dataclass
-class Outcome:
-    ok: bool
-    reason: str = ""
-    rank: Optional[int] = None
-    exit_code: Optional[int] = None
-    interrupted: bool = False
-    host: Optional[str] = None      # the failed rank's host, or the host lost
-    host_lost: bool = False         # the whole host went (silent, or its Open MPI daemon lost)
-    ranks: Optional[list] = None    # every rank blamed (a lost host's ranks); else [rank] or None
-
-
 def log(text):
     print(f"[shardrec-run {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class AttemptEnd:
-    """How an attempt ended, for summary.json's attempt_list."""
-    ok: bool
-    reason: str
-    reached_step: Optional[int] = None  # the last step its ranks reported
-    steps_lost: Optional[int] = None    # steps the next attempt trains again (since the checkpoint it resumes)
-    host: Optional[str] = None          # the host blamed for a failure
-    host_lost: bool = False             # the whole host was lost, with every rank there
-    ranks: Optional[list] = None        # the ranks blamed for a failure
-
-
 class Attempt:
-    def __init__(self, spec: "JobSpec", number, resume_from, interrupt, placement=None, on_tick=None, usable_hosts=None):
+    def __init__(self, spec: JobSpec, number: int, resume_from: Optional[str], interrupt, placement=None, on_tick=None,
+                 usable_hosts=None, history: Tuple[int, int] = (0, 0)):
         """placement: where the ranks go (an elastic job's hosts.Placement), else spec's -np and
         hosts; on_tick(attempt): called on every turn of the watch loop (an elastic job's growth);
-        usable_hosts(): the host names an elastic job's discovery lists now."""
+        usable_hosts(): the host names an elastic job's discovery lists now; history: the job's
+        restarts after failures and resizes before this attempt."""
         self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
         self.placement, self.on_tick, self.usable_hosts = placement, on_tick, usable_hosts
         self.np = placement.np if placement else spec.np
         self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
         self.stopping = None     # when the supervisor asked the ranks to save and stop for good (SIGTERM)
-        self.history = (0, 0)    # the job's restarts after failures and resizes before this attempt
-        self.ended = None        # an AttemptEnd once it has
+        self.history = history
+        self.ended: Optional[AttemptEnd] = None  # once it has (run() returns it)
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
         self.heartbeat_dir = os.path.join(self.dir, "heartbeat")
         os.makedirs(self.heartbeat_dir, exist_ok=True)
@@ -104,7 +80,8 @@ class Attempt:
             cmd += ["-x", name]
         return cmd + list(self.spec.mpiexec_args) + list(self.spec.command)
 
-    def run(self):
+    def run(self) -> AttemptEnd:
+        """Runs the attempt to its end, and says how it ended (also kept as self.ended)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{beats.RUN_DIR_ENV: self.dir,
                                                          beats.ATTEMPT_ENV: str(self.number),
                                                          beats.INTERVAL_ENV: str(self.tick)})
@@ -131,12 +108,29 @@ class Attempt:
                                   daemon=True)
         reader.start()
         try:
-            outcome = self._watch(reader)
+            end = self._watch(reader)
         finally:
             self.stop()
             reader.join(timeout=10)
             shutil.rmtree(self.tmp, ignore_errors=True)
-        return outcome
+        if end.ok and not end.reason:
+            end.reason = "resized" if self.stopped_for_resize() else "done"
+        end.reached_step = self.last_step()
+        self.ended = end
+        return end
+
+    def count_steps_lost(self, resumed_step: Optional[int]) -> Optional[int]:
+        """The steps the next attempt trains again, from `resumed_step` (the checkpoint it resumes
+        from) to the step this one reached; kept in self.ended."""
+        assert self.ended is not None
+        reached = self.ended.reached_step
+        self.ended.steps_lost = max(0, reached - (resumed_step or 0)) if reached is not None else None
+        return self.ended.steps_lost
+
+    def blame_host(self, host: str) -> None:
+        """The host the supervisor holds its failure against (an elastic job's name for it)."""
+        assert self.ended is not None
+        self.ended.host = host
 
     def _heard_line(self, rank, text):
         self.tails[rank].append(text)
@@ -233,11 +227,11 @@ class Attempt:
                     self.request_stop()
                 elif (self.stopping is None or self.interrupt.count > 1
                       or now - self.stopping > self.spec.stop_timeout):
-                    return Outcome(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
+                    return AttemptEnd(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
             why, rank, lost = self._hung(now)
             if why is not None:
                 self._dump_stacks()
-                return Outcome(False, why, rank=rank, host=lost or self.host_of(rank), host_lost=bool(lost))
+                return AttemptEnd(False, why, rank=rank, host=lost or self.host_of(rank), host_lost=bool(lost))
             self._check_memory()
             if self.on_tick is not None and self.resizing is None:
                 self.on_tick(self)
@@ -320,10 +314,10 @@ class Attempt:
         lost_ranks = sorted(r for r, b in beats.items() if b.host == lost) if lost else []
         if code == 0:
             if not unfinished:
-                return Outcome(True, exit_code=0)
+                return AttemptEnd(True, exit_code=0)
             # Open MPI exits 0 after losing a remote host: judge by the ranks' own word.
             if lost:
-                return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host {lost} (rank(s) "
+                return AttemptEnd(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host {lost} (rank(s) "
                                       f"{lost_ranks}) was lost: mpiexec lost its daemon there",
                                rank=lost_ranks[0], exit_code=0, host=lost, host_lost=True, ranks=lost_ranks)
             # The host that fell silent first is the one lost; the others' ranks were killed after. Beats
@@ -333,7 +327,7 @@ class Attempt:
             usable = self.usable_hosts() if self.usable_hosts else None
             gone = [r for r in unfinished if usable is not None and beats[r].host not in usable]
             first = max(gone or unfinished, key=lambda r: now - self.heard[r])
-            return Outcome(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
+            return AttemptEnd(False, f"mpiexec exited 0 but rank(s) {unfinished} never finished: host "
                                   f"{beats[first].host or '?'} (rank {first}) fell silent first, "
                                   f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
                            rank=first, exit_code=0, host=beats[first].host, host_lost=True, ranks=[first])
@@ -343,7 +337,7 @@ class Attempt:
             unfinished, quiet=sorted((r for r in unfinished if now - self.heard[r] > 3 * self.tick),
                                      key=lambda r: self.heard[r]),
             listed=self.usable_hosts() if self.usable_hosts else None))
-        return Outcome(False, cause.reason, rank=cause.rank, exit_code=code, host=cause.host, host_lost=cause.host_lost,
+        return AttemptEnd(False, cause.reason, rank=cause.rank, exit_code=code, host=cause.host, host_lost=cause.host_lost,
                        ranks=cause.ranks)
 
     def _progress_line(self, tty):

@@ -22,20 +22,40 @@ class RankSummary:
 
 
 @dataclass
+class AttemptEnd:
+    """How an attempt ended: what Attempt.run() returns, what the supervisor decides on, and what
+    summary.json's attempt_list says of it (its fields beside the attempt's own)."""
+    ok: bool
+    reason: str = ""
+    rank: Optional[int] = None            # the rank blamed for a failure
+    exit_code: Optional[int] = None       # mpiexec's
+    interrupted: bool = False             # by SIGINT / SIGTERM to the supervisor
+    host: Optional[str] = None            # the failed rank's host, or the host lost
+    host_lost: bool = False               # the whole host went (silent, or its Open MPI daemon lost)
+    ranks: Optional[List[int]] = None     # every rank blamed (a lost host's ranks)
+    reached_step: Optional[int] = None    # the last step its ranks reported
+    steps_lost: Optional[int] = None      # steps the next attempt trains again (since the checkpoint it resumes)
+
+
+@dataclass
 class AttemptSummary:
-    """One attempt: its ranks and hosts, the checkpoint it restored, how it ended (attempt.AttemptEnd's
-    fields, absent while it had not ended) and the steps the next one trains again."""
+    """One attempt: its ranks and hosts, the checkpoint it restored, and how it ended (None while it
+    had not)."""
     attempt: int
     np: int
     hosts: Optional[str]
     resumed_from: Optional[str]
-    ok: Optional[bool] = None
-    reason: Optional[str] = None
-    reached_step: Optional[int] = None
-    steps_lost: Optional[int] = None
-    host: Optional[str] = None
-    host_lost: Optional[bool] = None
-    ranks: Optional[List[int]] = None
+    end: Optional[AttemptEnd] = None
+
+    def to_json(self) -> dict:
+        out = {"attempt": self.attempt, "np": self.np, "hosts": self.hosts, "resumed_from": self.resumed_from}
+        return {**out, **asdict(self.end)} if self.end is not None else out
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "AttemptSummary":
+        ends = {f.name for f in fields(AttemptEnd)}
+        end = AttemptEnd(**{k: v for k, v in raw.items() if k in ends}) if "ok" in raw else None
+        return cls(raw["attempt"], raw["np"], raw["hosts"], raw["resumed_from"], end)
 
 
 @dataclass
@@ -59,13 +79,10 @@ class RunSummary:
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["ranks"] = {r: asdict(s) for r, s in sorted(self.ranks.items())}
-        # An attempt that has not ended has no end to tell.
-        out["attempt_list"] = [{k: v for k, v in asdict(a).items() if k in _BASE or a.ok is not None}
-                               for a in self.attempt_list]
+        out["attempt_list"] = [a.to_json() for a in self.attempt_list]
         return {k: v for k, v in out.items() if not (k in _OPTIONAL and v is None)}
 
 
-_BASE = {"attempt", "np", "hosts", "resumed_from"}
 _OPTIONAL = {"admission", "tiers", "checkpoints"}
 
 
@@ -99,7 +116,7 @@ def read(run_dir: str) -> RunSummary:
         raw = json.load(f)
     try:
         ranks = {int(r): RankSummary(**s) for r, s in raw.pop("ranks").items()}
-        attempts = [AttemptSummary(**a) for a in raw.pop("attempt_list")]
+        attempts = [AttemptSummary.from_json(a) for a in raw.pop("attempt_list")]
         known = {f.name for f in fields(RunSummary)}
         return RunSummary(ranks=ranks, attempt_list=attempts, **{k: v for k, v in raw.items() if k in known})
     except (KeyError, TypeError) as e:

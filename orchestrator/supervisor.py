@@ -24,36 +24,16 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import List
 
 from . import checkpoints, run_summary
-from .attempt import Attempt, AttemptEnd, Outcome, log
-from .elastic import ElasticSpec, HostWatch
+from .attempt import Attempt, log
+from .elastic import HostWatch
+from .job_spec import JobSpec
 from .mpiexec_output import LAUNCHER, without_mpi_banners
-from .run_summary import AttemptSummary, RankSummary, RunSummary, summed, summed_counters
+from .run_summary import AttemptEnd, AttemptSummary, RankSummary, RunSummary, summed, summed_counters
 
 MAX_RESTART_DELAY_S = 300.0
-
-
-@dataclass
-class JobSpec:
-    command: list                       # what every rank runs, an argument list
-    np: int
-    run_dir: str
-    max_restarts: int = 3
-    hang_timeout: float = 300.0         # seconds without progress before a rank counts as hung
-    checkpoint_dir: Optional[str] = None  # where the job saves; restarts resume from its last complete checkpoint
-    hosts: Optional[str] = None         # mpiexec -H
-    hostfile: Optional[str] = None      # mpiexec --hostfile
-    forward_env: list = field(default_factory=list)  # mpiexec -x, for remote hosts
-    mpiexec_args: list = field(default_factory=list)
-    memory_share: float = 0.9           # warn when a rank's RSS passes this share of the host's memory
-    restart_delay: float = 5.0          # seconds before the first restart, doubled for each one after
-    echo: bool = True                   # rank 0's output on this terminal
-    progress_every: float = 10.0        # seconds between progress lines when stdout is not a terminal
-    elastic: Optional[ElasticSpec] = None  # --host-discovery-script and friends: the job shrinks and grows
-    stop_timeout: float = 120.0         # seconds the ranks get to save and exit after SIGTERM / SIGINT
 
 
 class _Interrupt:
@@ -103,118 +83,129 @@ def _why_none(directory):
 
 
 class Supervisor:
-    def __init__(self, spec):
+    def __init__(self, spec: JobSpec):
         self.spec = spec
-        self.attempts = []
+        self.attempts: List[Attempt] = []
 
-    def run(self):
+    def run(self) -> int:
         """Runs the job; returns the exit status: 0 done, 1 failed after the allowed restarts (or,
         elastic, fewer than --min-np slots for --elastic-timeout), 130 interrupted."""
         os.makedirs(self.spec.run_dir, exist_ok=True)
         log(f"run directory {self.spec.run_dir}")
         started = time.monotonic()
-        resume, failures, resizes, number, placement = None, 0, 0, 0, None
         self.watch = (HostWatch(self.spec.elastic, log, os.path.join(self.spec.run_dir, "hosts.log"))
                       if self.spec.elastic else None)
         with _Interrupt() as interrupt:
             if self.watch:
                 self.watch.start()  # wait_for_placement runs the script at once
             try:
-                while True:
-                    if self.watch:
-                        before, placement = placement, self.watch.wait_for_placement(interrupt, first=number == 0)
-                        if placement is None:
-                            return self._too_few_hosts(started, before, interrupt, first=number == 0)
-                        if before is None or placement != before:
-                            log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
-                    attempt = Attempt(self.spec, number, resume, interrupt, placement,
-                                      *((self._maybe_grow, self._listed_hosts) if self.watch else ()))
-                    self.attempts.append(attempt)
-                    attempt.history = (failures, resizes)
-                    outcome = attempt.run()
-                    last, step = latest_checkpoint(self.spec.checkpoint_dir)
-                    attempt.ended = AttemptEnd(outcome.ok, outcome.reason or ("resized" if attempt.stopped_for_resize()
-                                                                                   else "done"),
-                                               host=outcome.host, host_lost=outcome.host_lost, ranks=outcome.ranks)
-                    where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
-                    if outcome.interrupted:
-                        log(f"stopped: {outcome.reason}; every rank is stopped{where}")
-                        return 130
-                    if attempt.stopping is not None:
-                        return self._stopped_on_request(attempt, outcome, started, where)
-                    if outcome.ok and not attempt.stopped_for_resize():
-                        self._summary(started, outcome)
-                        return 0
-                    self._steps_lost(attempt, step)
-                    if outcome.ok:
-                        resizes += 1
-                        reached = attempt.last_step()
-                        log(f"attempt {number} " + ("saved and stopped" if reached == step else
-                                                    "stopped without a checkpoint of its last step") +
-                            f" at step {reached} to grow ({attempt.resizing}); "
-                            + (f"resuming from {last} (step {step})" if last else "starting again from step 0 (no "
-                               "complete checkpoint)")
-                            + ("" if reached == step else "; a script that saves when its loop ends loses no step"))
-                        resume, number = last, number + 1
-                        continue
-                    log(f"attempt {number} failed: {outcome.reason}")
-                    self._print_tail(attempt, outcome.rank)
-                    if self.watch:
-                        self._cool_down(outcome)
-                    if failures == self.spec.max_restarts:
-                        log(f"giving up after {number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
-                        self._summary(started, outcome)
-                        return 1
-                    resume = last
-                    # Doubling waits: a host that is down, or a cause that persists, is not retried in a
-                    # burst that spends every restart within a second.
-                    delay = min(MAX_RESTART_DELAY_S, self.spec.restart_delay * 2 ** failures)
-                    failures += 1
-                    log(f"restarting the job in {delay:.0f} s (attempt {number + 1} of "
-                        f"{self.spec.max_restarts + 1 + resizes}) from "
-                        + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
-                           + (f" in {self.spec.checkpoint_dir}{_why_none(self.spec.checkpoint_dir)})"
-                              if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
-                    if not self._wait(delay, interrupt):
-                        log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
-                        return 130
-                    number += 1
+                return self._attempts(started, interrupt)
             finally:
                 if self.watch:
                     self.watch.stop()
 
-    def _stopped_on_request(self, attempt, outcome, started, where):
+    def _attempts(self, started: float, interrupt: "_Interrupt") -> int:
+        """Attempt after attempt, until one decides the job's exit status."""
+        resume, failures, resizes, placement = None, 0, 0, None
+        while True:
+            number = len(self.attempts)
+            if self.watch:
+                before, placement = placement, self.watch.wait_for_placement(interrupt, first=number == 0)
+                if placement is None:
+                    return self._too_few_hosts(started, before, interrupt, first=number == 0)
+                if before is None or placement != before:
+                    log(f"attempt {number}: {placement.np} rank(s) on {placement.describe()}")
+            attempt = Attempt(self.spec, number, resume, interrupt, placement,
+                              on_tick=self._maybe_grow if self.watch else None,
+                              usable_hosts=self._listed_hosts if self.watch else None, history=(failures, resizes))
+            self.attempts.append(attempt)
+            end = attempt.run()
+            last, step = latest_checkpoint(self.spec.checkpoint_dir)
+            where = f"; the last complete checkpoint is {last} (step {step})" if last else ""
+            if end.interrupted:
+                log(f"stopped: {end.reason}; every rank is stopped{where}")
+                return 130
+            if attempt.stopping is not None:
+                return self._stopped_on_request(attempt, end, started, where)
+            if end.ok and not attempt.stopped_for_resize():
+                self._summary(started, end)
+                return 0
+            self._steps_lost(attempt, step)
+            if end.ok:
+                resizes += 1
+                self._say_resized(attempt, last, step)
+            else:
+                status = self._after_failure(attempt, end, started, where, failures, resizes, last, step, interrupt)
+                if status is not None:
+                    return status
+                failures += 1
+            resume = last
+
+    def _say_resized(self, attempt, last, step) -> None:
+        reached = attempt.last_step()
+        log(f"attempt {attempt.number} " + ("saved and stopped" if reached == step else
+                                             "stopped without a checkpoint of its last step") +
+            f" at step {reached} to grow ({attempt.resizing}); "
+            + (f"resuming from {last} (step {step})" if last else "starting again from step 0 (no complete checkpoint)")
+            + ("" if reached == step else "; a script that saves when its loop ends loses no step"))
+
+    def _after_failure(self, attempt, end, started, where, failures, resizes, last, step, interrupt):
+        """After a failed attempt: the exit status when the job stops here (1: no restart left, 130:
+        interrupted while waiting), else None once the wait before the restart is over."""
+        log(f"attempt {attempt.number} failed: {end.reason}")
+        self._print_tail(attempt, end.rank)
+        if self.watch:
+            self._cool_down(end)
+        if failures == self.spec.max_restarts:
+            log(f"giving up after {attempt.number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
+            self._summary(started, end)
+            return 1
+        # Doubling waits: a host that is down, or a cause that persists, is not retried in a burst
+        # that spends every restart within a second.
+        delay = min(MAX_RESTART_DELAY_S, self.spec.restart_delay * 2 ** failures)
+        log(f"restarting the job in {delay:.0f} s (attempt {attempt.number + 1} of "
+            f"{self.spec.max_restarts + 1 + resizes}) from "
+            + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
+               + (f" in {self.spec.checkpoint_dir}{_why_none(self.spec.checkpoint_dir)})"
+                  if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
+        if not self._wait(delay, interrupt):
+            log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
+            return 130
+        return None
+
+    def _stopped_on_request(self, attempt: Attempt, end: AttemptEnd, started: float, where: str) -> int:
         """The exit status of a job whose ranks were asked to save and stop (SIGTERM / SIGINT)."""
-        if not outcome.ok:
+        if not end.ok:
             log(f"stopped: asked to by signal {attempt.interrupt.signal}, and the attempt failed meanwhile: "
-                f"{outcome.reason}{where}")
+                f"{end.reason}{where}")
             return 130
         log(f"stopped: asked to by signal {attempt.interrupt.signal}; every rank saved and exited at step "
             f"{attempt.last_step()}{where}")
-        self._summary(started, outcome)
+        self._summary(started, end)
         return 0
 
     def _steps_lost(self, attempt, resumed_step):
         """Says how many steps the next attempt trains again: those since the checkpoint it resumes from."""
-        reached = attempt.last_step()
-        attempt.ended.reached_step = reached
-        attempt.ended.steps_lost = lost = max(0, reached - (resumed_step or 0)) if reached is not None else None
+        lost = attempt.count_steps_lost(resumed_step)
+        reached = attempt.ended.reached_step
         if lost:
             log(f"{lost} step(s) lost: the ranks had reached step {reached}, the next attempt resumes from step "
                 f"{resumed_step or 0}")
 
-    def _cool_down(self, outcome):
+    def _cool_down(self, end: AttemptEnd) -> None:
         """A lost host, or one whose ranks failed in two attempts in a row, stays out of the next
         attempts for its cooldown; a rank that failed once restarts on the same hosts."""
+        assert self.watch is not None
         attempt = self.attempts[-1]
         # The name the discovery script gave, which the placement uses (a rank's own hostname may differ).
-        host = attempt.placement.host_of_rank(outcome.rank) if outcome.rank is not None else None
-        host = host or outcome.host
+        host = attempt.placement.host_of_rank(end.rank) if end.rank is not None else None
+        host = host or end.host
         if host is None:
             return
-        again = len(self.attempts) > 1 and self.attempts[-2].ended.host == host
-        self.attempts[-1].ended.host = host
-        if outcome.host_lost or again:
+        earlier = self.attempts[-2].ended if len(self.attempts) > 1 else None
+        again = earlier is not None and earlier.host == host
+        attempt.blame_host(host)
+        if end.host_lost or again:
             seconds = self.watch.cooldowns.failed(host)
             log(f"host {host} stays out of new attempts for {seconds:.0f} s (--blacklist-cooldown-range; "
                 f"{self.watch.cooldowns.failures[host]} failure(s))")
@@ -245,7 +236,7 @@ class Supervisor:
                   f"(--elastic-timeout)" + (f"; hosts lost: {', '.join(lost)}" if lost else "")
                   + f"; usable now: {self.watch.placement().describe() or 'none'}")
         log(f"giving up: {reason}")
-        self._summary(started, Outcome(False, reason))
+        self._summary(started, AttemptEnd(False, reason))
         return 1
 
     @staticmethod
@@ -269,17 +260,17 @@ class Supervisor:
         for line in (list(lines)[-20:] if rank is None else without_mpi_banners(list(lines))[-12:]):
             print(f"    {line}", file=sys.stderr)
 
-    def _summary(self, started, outcome):
+    def _summary(self, started: float, end: AttemptEnd) -> None:
         last_beats = self.attempts[-1].beats if self.attempts else {}
         summary = RunSummary(
-            ok=outcome.ok, attempts=len(self.attempts), restarts=max(0, len(self.attempts) - 1),
-            seconds=round(time.monotonic() - started, 1), reason=outcome.reason, failed_ranks=outcome.ranks,
-            lost_host=outcome.host if outcome.host_lost else None,
+            ok=end.ok, attempts=len(self.attempts), restarts=max(0, len(self.attempts) - 1),
+            seconds=round(time.monotonic() - started, 1), reason=end.reason, failed_ranks=end.ranks,
+            lost_host=end.host if end.host_lost else None,
             ranks={r: RankSummary(b.step, b.train_batches, b.loss, b.samples_per_s, b.tables or None,
                                   max(a.peak_rss.get(r, 0) for a in self.attempts))
                    for r, b in sorted(last_beats.items())},
             attempt_list=[AttemptSummary(a.number, a.np, a.placement.mpiexec_hosts() if a.placement else self.spec.hosts,
-                                         a.resume_from, **(asdict(a.ended) if a.ended else {}))
+                                         a.resume_from, a.ended)
                           for a in self.attempts],
             tables=summed([b.tables for b in last_beats.values()]),
             admission=summed_counters([b.admission for b in last_beats.values()]),
@@ -292,5 +283,5 @@ class Supervisor:
         tables = ", ".join(f"{name} {size} keys" for name, size in sorted(summary.tables.items()))
         tables += "".join(f"; {name}: " + ", ".join(f"{k} {v}" for k, v in c.items())
                           for name, c in (summary.admission or {}).items())
-        log(f"{'done' if outcome.ok else 'failed'}: {summary.attempts} attempt(s), {summary.restarts} restart(s), "
+        log(f"{'done' if end.ok else 'failed'}: {summary.attempts} attempt(s), {summary.restarts} restart(s), "
             f"{summary.seconds} s; peak memory {peak or 'n/a'}; tables {tables or 'n/a'}; summary in {path}")

@@ -62,7 +62,7 @@ def test_the_summary_has_every_rank_s_step_memory_and_the_tables_sizes(reference
     from shardrec.orchestrator import run_summary
 
     typed = run_summary.read(str(run))
-    assert typed.ranks[1].step == 30 and typed.attempt_list[0].ok and typed.checkpoints == summary["checkpoints"]
+    assert typed.ranks[1].step == 30 and typed.attempt_list[0].end.ok and typed.checkpoints == summary["checkpoints"]
     assert json.loads(json.dumps(typed.to_json())) == summary
     # Every rank passes 0.1% of the host's memory, and is reported once.
     for rank in (0, 1):
@@ -229,7 +229,7 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
     import time
 
     from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None)
     attempt.started = time.monotonic() - 10
@@ -247,7 +247,7 @@ def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_a
     """Closing a session and tearing MPI / Horovod down over TCP can take seconds once a peer has
     exited (seen in the 2-host test: 10 s in Session.close): that is not a hang until the grace ends."""
     from shardrec.orchestrator.attempt import FINISH_GRACE_S, Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=3, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
     attempt.started = now = 1000.0
@@ -268,7 +268,7 @@ def test_a_job_whose_stream_has_no_new_data_is_waiting_not_hung_but_silence_coun
     """A rank whose stream has nothing new says so in its beats; it and the ranks waiting for it in
     the key exchange make no progress by design. A silent rank is still hung at the hang timeout."""
     from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
     attempt.started = now = 1000.0
@@ -290,7 +290,7 @@ def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp
     machine can make longer than a short hang timeout (seen with two test files side by side):
     silence counts from START_GRACE_S then; once heard from, the hang timeout applies."""
     from shardrec.orchestrator.attempt import START_GRACE_S, Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
     attempt.started = now = 1000.0
@@ -342,7 +342,7 @@ def test_an_elastic_job_blames_the_host_its_discovery_no_longer_lists_when_silen
     import time
 
     from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     def ended(usable_hosts):
         attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
@@ -378,7 +378,7 @@ def _ended_attempt(tmp_path, code, rank_lines, launcher="", usable_hosts=None, s
     import time
 
     from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.supervisor import JobSpec
+    from shardrec.orchestrator.job_spec import JobSpec
 
     attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
                       usable_hosts=usable_hosts)
@@ -423,7 +423,8 @@ def test_a_rank_that_failed_by_itself_is_blamed_not_the_host_its_peers_complain_
 
 
 def test_the_summary_names_the_lost_host_and_its_ranks(tmp_path):
-    from shardrec.orchestrator.supervisor import JobSpec, Supervisor
+    from shardrec.orchestrator.job_spec import JobSpec
+    from shardrec.orchestrator.supervisor import Supervisor
 
     outcome = _ended_attempt(tmp_path, 14, {0: _PEER_HUNG_UP})
     sup = Supervisor(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)))

@@ -16,20 +16,21 @@ AGREE_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
-class Attempt:
+class RankResult:
+    """This rank's part of a checkpoint step: its value, or the error that stopped it."""
     value: Any
     error: Optional[BaseException]
 
 
-def attempt(fn: Callable[[], Any]) -> Attempt:
+def attempt(fn: Callable[[], Any]) -> RankResult:
     """fn()'s value, or the error of a checkpoint step (I/O, a bad file, a TensorFlow op)."""
     try:
-        return Attempt(fn(), None)
+        return RankResult(fn(), None)
     except (CheckpointError, OSError, ValueError, tf.errors.OpError) as e:
-        return Attempt(None, e)
+        return RankResult(None, e)
 
 
-def agree(what: str, outcome: Attempt, consequence: str) -> None:
+def agree(what: str, outcome: RankResult, consequence: str) -> None:
     """Every rank learns whether every rank's attempt succeeded; if any failed, every rank raises
     a CheckpointError naming each failing rank and its error, then `consequence`."""
     cfg = config.get_config()

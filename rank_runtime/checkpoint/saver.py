@@ -53,7 +53,7 @@ from ..process import batch_events, config, metrics
 from ..admission.steps import follow_global_step, step_of_save
 from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
 from ..process.logs import get_logger
-from .rank_agreement import AGREE_TIMEOUT_S, Attempt, agree, attempt
+from .rank_agreement import AGREE_TIMEOUT_S, RankResult, agree, attempt
 from .save_schedule import Chain, SaveClock, asked_save_due, old_links, plan_save, saved_now
 from .stream_restore import restore_stream
 from ..process.state import STATE
@@ -182,7 +182,7 @@ class Saver(_TFSaver):
                 discard_staged(path)
             raise
         dense = attempt(lambda: (publish(path, cfg.size), dense_save(None, write_state=False))[1]) if writes_dense \
-            else Attempt(path, None)
+            else RankResult(path, None)
         agree(f"Saver.save({path!r}): writing the dense part", dense,
                "the checkpoint is not listed; the previous one stays the latest")
         kind = plan.kind.kind if plan else FULL
