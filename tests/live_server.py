@@ -22,20 +22,23 @@ class LiveServer:
                                      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         self.lines = []
         self.url = None
-        started = time.monotonic()
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith("serving "):
-                self.url = line.split(" on ", 1)[1].strip()
-                break
-            assert time.monotonic() - started < 120, "".join(self.lines)
-        assert self.url, "".join(self.lines)
+        self._serving = threading.Event()
+        # The output is read by a thread of its own from the start, so that the wait for the
+        # "serving ... on URL" line below is bounded even when the server prints nothing.
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        if not self._serving.wait(timeout=120):
+            self.stop()
+            raise AssertionError("shardrec-serve did not say where it serves within 120 s:\n" + "".join(self.lines))
+        assert self.url, "shardrec-serve ended before it served:\n" + "".join(self.lines)
 
     def _read(self):
         for line in self.proc.stdout:
             self.lines.append(line)
+            if self.url is None and line.startswith("serving "):
+                self.url = line.split(" on ", 1)[1].strip()
+                self._serving.set()
+        self._serving.set()  # the server ended before serving: the wait ends, with self.url None
 
     @property
     def log(self) -> str:
@@ -51,10 +54,13 @@ class LiveServer:
         return int(status["model_version_status"][0]["version"])
 
     def wait_version(self, version, timeout=60):
+        """Waits until the server serves `version` or a newer one (it may pass over a version whose
+        successor was listed first); returns the version served."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.version() == version:
-                return
+            served = self.version()
+            if served is not None and served >= version:
+                return served
             time.sleep(0.05)
         raise AssertionError(f"version {version} not served in {timeout} s (serving {self.version()}):\n{self.log}")
 

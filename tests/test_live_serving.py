@@ -106,7 +106,7 @@ def test_every_version_equals_a_fresh_export_of_its_checkpoint_across_a_change_o
         seen = []
         for i, path in enumerate(paths):
             _list(follow, paths[:i + 1])
-            server.wait_version(STEPS[i])
+            assert server.wait_version(STEPS[i]) == STEPS[i]  # each is listed once the one before is served
             got = _assert_serves(server, path, ids, tmp_path)
             seen.append(got["emb"])
         log = server.log
@@ -240,8 +240,10 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
     try:
         first_out = first.communicate(timeout=300)[0]
         assert first.returncode != 0 and os.path.isdir(model / ".sparse-model-12.saving"), first_out
+        # A negative: the save killed midway is never served. The server polls every 0.1 s, so 1 s
+        # is ten looks at the model directory after the kill (no event marks "did not happen").
         time.sleep(1.0)
-        assert servers[0].version() == 11, servers[0].log  # the save killed midway is never served
+        assert servers[0].version() == 11, servers[0].log
         second = _job(model, "--pause", "0.3")
         servers[0].wait_version(20, timeout=120)
         servers[0].stop(signal.SIGKILL)
@@ -302,7 +304,7 @@ def test_damaged_broken_and_incomplete_saves_are_refused_by_name_and_a_restart_s
     _list(model, paths[:1])
     server = LiveServer(chains["export"], model)
     try:
-        server.wait_version(4)
+        assert server.wait_version(4) == 4
         for i, refused in ((1, 1), (2, 2)):
             _list(model, paths[:i + 1])
             deadline = time.monotonic() + 30
@@ -311,7 +313,7 @@ def test_damaged_broken_and_incomplete_saves_are_refused_by_name_and_a_restart_s
             assert _refused(server) == refused and server.version() == 4, server.log
         _assert_serves(server, paths[0], ids, tmp_path)
         _list(model, paths[:4])
-        server.wait_version(16)
+        assert server.wait_version(16) == 16
         _assert_serves(server, paths[3], ids, tmp_path)
     finally:
         server.stop()
