@@ -98,16 +98,13 @@ def old_links(kinds: list, keep) -> int:
 
 
 @dataclass(frozen=True)
-class SaveClock:
+class SaveClock(batch_events.Observer):
     """Rank 0's clock of an incremental job, asking for saves after training batches (batch_events.py;
     the Saver registers it)."""
 
     def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
         if event.channel == Channel.TRAIN:
             request_due_save(event.exchange)
-
-    def pass_ended(self, event: batch_events.PassEnded) -> None:
-        pass
 
 
 def request_due_save(exchange) -> None:

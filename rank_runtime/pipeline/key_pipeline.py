@@ -311,11 +311,8 @@ def start_asc_pipeline() -> None:
 
 
 @dataclass(frozen=True)
-class _PassEndLog:
+class _PassEndLog(batch_events.Observer):
     """Says where and why a pass ended: every rank stops it at the same batch."""
-
-    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
-        pass
 
     def pass_ended(self, event: batch_events.PassEnded) -> None:
         if event.for_stop:

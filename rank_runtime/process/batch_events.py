@@ -47,6 +47,16 @@ class BatchObserver(Protocol):
     def pass_ended(self, event: PassEnded) -> None: ...
 
 
+class Observer:
+    """A BatchObserver that minds nothing until a subclass says: override the event you observe."""
+
+    def batch_exchanged(self, event: BatchExchanged) -> None:
+        pass
+
+    def pass_ended(self, event: PassEnded) -> None:
+        pass
+
+
 def register(observer: BatchObserver) -> None:
     """Adds `observer` (once: one equal to a registered one is not added again)."""
     if observer not in STATE.batch_observers:

@@ -36,14 +36,11 @@ _beats = STATE.heartbeat
 
 
 @dataclasses.dataclass(frozen=True)
-class _BatchBeats:
+class _BatchBeats(batch_events.Observer):
     """The key pipeline's batches, counted in the beats (batch_events.py)."""
 
     def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
         batches_exchanged(event.channel, event.number)
-
-    def pass_ended(self, event: batch_events.PassEnded) -> None:
-        pass
 
 
 def start(rank: int, size: int) -> None:

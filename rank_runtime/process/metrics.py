@@ -218,15 +218,12 @@ def start_metrics_server(port: int, every_rank: bool = False, addr: str = "127.0
 
 
 @dataclasses.dataclass(frozen=True)
-class _TrainingFigures:
+class _TrainingFigures(batch_events.Observer):
     """Samples trained and the tables' figures, from the key pipeline's training batches (batch_events.py)."""
 
     def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
         if event.channel == Channel.TRAIN:
             batch_trained(event.examples, event.tables)
-
-    def pass_ended(self, event: batch_events.PassEnded) -> None:
-        pass
 
 
 def start_from_environment() -> None:

@@ -109,11 +109,8 @@ def requested() -> bool:
 
 
 @dataclass(frozen=True)
-class _StopSaid:
+class _StopSaid(batch_events.Observer):
     """A pass that ended because the job was asked to stop: said once (batch_events.py)."""
-
-    def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
-        pass
 
     def pass_ended(self, event: batch_events.PassEnded) -> None:
         if event.for_stop:

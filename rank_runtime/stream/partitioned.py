@@ -45,7 +45,7 @@ class PartitionLag:
     seconds: float
 
 
-class PartitionedStream:
+class PartitionedStream(batch_events.Observer):
     def __init__(self, owner: str, source: str, partitions: int, idle_timeout_s: Optional[float]):
         check_int(owner, "partitions", partitions, 1, 1 << 20)
         if idle_timeout_s is not None:
@@ -98,9 +98,6 @@ class PartitionedStream:
         """The records of a training batch are trained (the key pipeline's thread, batch_events.py)."""
         if event.channel == Channel.TRAIN:
             self.cursor.batch_exchanged(event.examples)
-
-    def pass_ended(self, event: batch_events.PassEnded) -> None:
-        pass
 
     def _generator(self):
         self._started = True
