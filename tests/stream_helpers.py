@@ -115,6 +115,19 @@ def job_in_background(ranks, *args, timeout=240):
     return job, result
 
 
+def wait_for_blocked_readers(url, readers, job, result, timeout=60):
+    """Until `readers` clients of the Redis server at `url` wait in XREAD BLOCK: the ranks' readers
+    found nothing new after their last look and wait on the broker for more."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    while sum(c.get("cmd") == "xread" for c in client.client_list()) < readers:
+        assert job.is_alive() and time.monotonic() < deadline, \
+            f"the readers never waited on the broker again (their data ended?): {result}"
+        time.sleep(0.05)
+
+
 def wait_for_file(path, job, result, timeout=180):
     """Until `path` exists (a checkpoint the job wrote, say), while the job runs."""
     deadline = time.monotonic() + timeout

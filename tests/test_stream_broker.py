@@ -11,7 +11,8 @@ from mpi_helpers import check, mpiexec
 from shardrec.launch.redis_server import RedisServer, free_port
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
 from shardrec.rank_runtime.stream import StreamFileError, pack_records
-from stream_helpers import counted, entries, job_in_background, publish, read_all, reader, wait_for_file
+from stream_helpers import (counted, entries, job_in_background, publish, read_all, reader, wait_for_blocked_readers,
+                            wait_for_file)
 
 
 def test_a_broker_entry_without_the_record_or_trimmed_before_training_is_named(broker, tmp_path):
@@ -89,9 +90,11 @@ def test_a_broker_away_longer_than_idle_timeout_loses_nothing(tmp_path):
     try:
         wait_for_file(model / "model-2.index", job, result)
         server.stop(kill=True)
-        time.sleep(7)  # the outage itself, longer than idle_timeout_s
+        time.sleep(7)  # the outage itself: its length is what the test sets, longer than idle_timeout_s
         server.start()
-        time.sleep(1)  # entries that arrive after the broker is back, within idle_timeout_s of it
+        # New entries only once both readers came back, looked, found nothing and wait on the
+        # broker: a reader that counted the outage as idle time ends its data at that look.
+        wait_for_blocked_readers(server.url, 2, job, result)
         publish(server.url, name, 2, 3, 24, only_files={1, 2})
         job.join(240)
     finally:

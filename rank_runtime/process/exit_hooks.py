@@ -140,7 +140,6 @@ EXIT_TIMEOUT_ENV = "SHARDREC_EXIT_TIMEOUT_S"
 log = get_logger("shardrec.exit")
 
 
-
 def exit_timeout_s() -> float:
     text = os.environ.get(EXIT_TIMEOUT_ENV, "")
     try:
@@ -175,14 +174,12 @@ def _end(waited: float, where: str) -> None:
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     message = (f"exiting took {waited:.0f} s ({EXIT_TIMEOUT_ENV}), waiting in {where}; other threads: {_others()}; "
                "every thread's stack is above")
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        rank, size = mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
-        sys.stderr.write(f"[rank {rank}/{size}] {message}; ending the whole job (MPI_Abort, status 1)\n")
-        sys.stderr.flush()
-        mpi.COMM_WORLD.Abort(1)
-    sys.stderr.write(f"{message}; ending the process (exit status 1)\n")
-    sys.stderr.flush()
+    world = _running_world()
+    if world is not None:
+        rank, size, comm = world
+        _say(f"[rank {rank}/{size}] {message}; ending the whole job (MPI_Abort, status 1)\n")
+        comm.Abort(1)
+    _say(f"{message}; ending the process (exit status 1)\n")
     os._exit(1)
 
 
