@@ -1,6 +1,6 @@
 """One rank against the single-core loop, in CPU time per id, alternating in one run.
 
-    python bench/limit.py [--rounds 3] [--optimizers lazy_adam sgd] [--dim 16] [--core 1]
+    python bench/limit.py [--rounds 3] [--optimizers lazy_adam sgd] [--dim 16] [--core 1] [--before TREE]
 
 The loop (bench/limit/ideal_step.cc, a copy of ../shared/limit/ideal_step.cc that also reports CPU
 time) is built here with g++ -O3 -march=native, and its keys (50 batches of 4096 x 26 Zipf-1.1 keys
@@ -12,6 +12,9 @@ and "steady" (100 batches after a full pass). CPU time per id counts every threa
 (the rank's key pipeline included); on one pinned core it is the wall time less what others took.
 Prints each figure's median and spread (min-max over rounds) and the ratio loop / rank (1 = the
 rank does what the loop does per id; above 1, less), then one JSON line.
+--before TREE: a checkout of an earlier commit (its native libraries built, or copied when native/
+did not change): each round also runs its rank right after this tree's, and the table adds its
+CPU per id and the ratio before / now (above 1: this tree spends less per id).
 """
 import argparse
 import json
@@ -20,12 +23,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from scaling import run as json_line  # noqa: E402
+from scaling import ENV, run as json_line  # noqa: E402
 
 # The rank's runs in the loop's windows: (warm-up steps, timed steps, windows).
 WINDOWS = {"first": (10, 30, 3), "steady": (50, 100, 4)}
@@ -57,12 +61,27 @@ def loop(binary, keys, core, optimizer, dim):
     return {"first": (out["first_cpu_ns"], out["first"]), "steady": (out["steady_cpu_ns"], out["steady"])}
 
 
-def rank(keys, core, optimizer, dim, window):
+def rank(keys, core, optimizer, dim, window, tree=None):
+    """One rank's (CPU ns per id, ids/s); tree: another checkout's shardrec and bench/sparse_step.py."""
     warmup, steps, windows = WINDOWS[window]
-    out = json_line(["taskset", "-c", str(core), sys.executable, "bench/sparse_step.py", "--peer", "shardrec",
+    script, env = "bench/sparse_step.py", None
+    if tree is not None:
+        script, env = os.path.join(tree, "bench", "sparse_step.py"), dict(ENV, PYTHONPATH=_package_path(tree))
+    out = json_line(["taskset", "-c", str(core), sys.executable, script, "--peer", "shardrec",
                      "--feed", "step-only", "--keys-file", keys, "--optimizer", optimizer, "--dim", str(dim),
-                     "--warmup", str(warmup), "--steps", str(steps), "--windows", str(windows)])
+                     "--warmup", str(warmup), "--steps", str(steps), "--windows", str(windows)], env=env)
     return out["cpu_ns_per_id"][0], out["ids_per_s"]
+
+
+def _package_path(tree):
+    """A folder whose `shardrec` is `tree` (the editable install names this checkout; a path entry
+    is searched before it)."""
+    folder = os.path.join(tempfile.gettempdir(), "shardrec-bench-before", f"{zlib.crc32(os.path.abspath(tree).encode()):08x}")
+    os.makedirs(folder, exist_ok=True)
+    link = os.path.join(folder, "shardrec")
+    if not os.path.islink(link):
+        os.symlink(os.path.abspath(tree), link)
+    return folder
 
 
 def spread(values):
@@ -83,6 +102,7 @@ def arguments(doc):
 def main(argv=None):
     p = arguments(__doc__)
     p.add_argument("--windows", nargs="+", choices=sorted(WINDOWS), default=["steady", "first"])
+    p.add_argument("--before", help="a checkout of an earlier commit, run after this tree's rank in every round")
     args = p.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     binary, keys = build(args.work)
@@ -96,8 +116,13 @@ def main(argv=None):
                 figures.setdefault((optimizer, window, "rank"), []).append(
                     rank(keys, args.core, optimizer, args.dim, window))
                 loop_ns, rank_ns = figures[(optimizer, window, "loop")][-1][0], figures[(optimizer, window, "rank")][-1][0]
+                before = ""
+                if args.before:
+                    figures.setdefault((optimizer, window, "before"), []).append(
+                        rank(keys, args.core, optimizer, args.dim, window, args.before))
+                    before = f", before {figures[(optimizer, window, 'before')][-1][0]:.1f} ns/id"
                 print(f"round {r + 1} {optimizer} {window}: loop {loop_ns:.1f} ns/id, rank {rank_ns:.1f} ns/id, "
-                      f"ratio {loop_ns / rank_ns:.2f}", file=sys.stderr, flush=True)
+                      f"ratio {loop_ns / rank_ns:.2f}{before}", file=sys.stderr, flush=True)
     report = []
     print(f"{'optimizer':<10} {'window':<7} {'loop ns/id':<20} {'rank ns/id':<20} {'loop M ids/s':<14} "
           f"{'rank M ids/s':<14} ratio (per round)")
@@ -108,8 +133,15 @@ def main(argv=None):
             print(f"{optimizer:<10} {window:<7} {spread([x[0] for x in lo]):<20} {spread([x[0] for x in ra]):<20} "
                   f"{statistics.median(x[1] for x in lo) / 1e6:<14.2f} {statistics.median(x[1] for x in ra) / 1e6:<14.2f} "
                   f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})")
-            report.append({"optimizer": optimizer, "window": window, "dim": args.dim, "ratio": statistics.median(ratios),
-                           "ratios": ratios, "loop": lo, "rank": ra})
+            row = {"optimizer": optimizer, "window": window, "dim": args.dim, "ratio": statistics.median(ratios),
+                   "ratios": ratios, "loop": lo, "rank": ra}
+            if args.before:
+                be = figures[(optimizer, window, "before")]
+                row["before"], row["before_over_now"] = be, [b[0] / a[0] for a, b in zip(ra, be)]
+                print(f"{'':<18} before: {spread([x[0] for x in be])} ns/id, before / now "
+                      f"{statistics.median(row['before_over_now']):.3f} "
+                      f"({', '.join(f'{x:.3f}' for x in row['before_over_now'])})")
+            report.append(row)
     print(json.dumps({"limit": report}))
 
 

@@ -34,8 +34,9 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMP
            PYTHONUNBUFFERED="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
 
 
-def run(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+def run(cmd, env=None):
+    """cmd's last JSON line; env: in place of ENV."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, cwd=ROOT, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")

@@ -140,10 +140,14 @@ def test_init_takes_the_rec_sdk_guides_parameters(graph):
                          recent_key_count_threshold=2, use_lccl=False, use_hot=True, use_shm_swap=False)
     assert cfg.incremental == config.IncrementalCheckpoints(full_every_s=4, delta_every_s=2)
     assert cfg.restore_model_version == 3
-    from shardrec.rank_runtime.process.state import STATE
+    from shardrec.rank_runtime.process.logs import warned_once
 
-    for name in ("use_lccl", "use_hot", "use_shm_swap", "recent_key_count_threshold=2"):
-        assert any(m.startswith(f"init({name}") for m in STATE.warned), STATE.warned
+    for name, why in (("use_lccl=False", "Ascend's LCCL collectives; shardrec uses MPI and Horovod"),
+                      ("use_hot=True", "hot-embedding caching on the device; every row here is in host memory"),
+                      ("use_shm_swap=False", "deprecated by the Rec SDK itself (its USE_SHM_SWAP environment variable)")):
+        assert warned_once(f"init({name}) has no effect in shardrec: {why}"), name
+    assert warned_once("init(recent_key_count_threshold=2): shardrec's delta checkpoints hold every row that changed, "
+                       "whatever its count, so that a restore is exact; the filter is not applied")
 
 
 def test_init_twice(runtime):

@@ -455,23 +455,18 @@ def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_comp
     assert f"{newest[len('sparse-'):]}.meta: missing" in why, why
 
 
-def test_no_heartbeat_follows_the_last_one():
-    """A rank's exit beat is its last line of beats: a tick (or progress beat) asked for after it is
-    dropped, so the supervisor never reads a finished rank as still running."""
-    from shardrec.rank_runtime.process import heartbeat
-    from shardrec.rank_runtime.process.state import STATE
-
-    saved = (STATE.heartbeat.fd, STATE.heartbeat.beat, STATE.heartbeat.exited)
-    read_end, write_end = os.pipe()
-    try:
-        STATE.heartbeat.fd, STATE.heartbeat.exited = write_end, False
-        STATE.heartbeat.beat = Heartbeat(rank=0, size=1, pid=os.getpid(), host="h", host_memory=1, attempt=0)
-        heartbeat._write(force=True, tick=True)
-        heartbeat._write(force=True, exiting=True)
-        heartbeat._write(force=True, tick=True)
-        os.close(write_end)
-        with os.fdopen(read_end) as f:
-            beats = [Heartbeat.parse(line.split(MARK, 1)[1]) for line in f.read().splitlines()]
-    finally:
-        STATE.heartbeat.fd, STATE.heartbeat.beat, STATE.heartbeat.exited = saved
-    assert [b.exiting for b in beats] == [False, True]
+def test_no_heartbeat_follows_the_last_one(tmp_path):
+    """A rank's exit beat is its last line of beats: the ticker, still running while the process
+    exits, writes nothing after it, so the supervisor never reads a finished rank as still running.
+    A process of its own ticks every 10 ms and keeps exiting for 0.5 s after its last beat."""
+    script = ("import atexit, time\n"
+              "atexit.register(time.sleep, 0.5)  # runs after the heartbeat's last beat (at-exit runs LIFO)\n"
+              "from shardrec.rank_runtime.process import heartbeat\n"
+              "heartbeat.start(0, 1)\n"
+              "time.sleep(0.2)\n")
+    env = {**os.environ, "SHARDREC_RUN_DIR": str(tmp_path), "SHARDREC_HEARTBEAT_INTERVAL_S": "0.01"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    beats = [Heartbeat.parse(line.split(MARK, 1)[1]) for line in done.stderr.splitlines() if MARK in line]
+    assert len(beats) > 3, done.stderr  # ticks before the exit
+    assert [b.exiting for b in beats].index(True) == len(beats) - 1, [b.exiting for b in beats]

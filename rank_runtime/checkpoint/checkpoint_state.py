@@ -15,9 +15,10 @@ from ..process import config
 from ..process.logs import get_logger, warn_once
 from ..formats.checkpoint_chain import resolve
 from ..formats.sparse_checkpoint import CheckpointError, needed_shards, sparse_dir
-from ..process.state import STATE
 
 log = get_logger("shardrec.saver")
+# TensorFlow's own, taken before tf_patches.py (which imports this module first) puts ours in its place.
+_TF_GET_CHECKPOINT_STATE = checkpoint_management.get_checkpoint_state
 
 
 def rank_state_filename(rank: int) -> str:
@@ -95,5 +96,4 @@ def _of_step(state, paths, checkpoint_dir, cfg):
 
 def tf_get_checkpoint_state(checkpoint_dir: str, latest_filename: str | None = None):
     """TensorFlow's own get_checkpoint_state (tf_patches.py installs this module's in its place)."""
-    own = STATE.tf_get_checkpoint_state or checkpoint_management.get_checkpoint_state
-    return own(checkpoint_dir, latest_filename)
+    return _TF_GET_CHECKPOINT_STATE(checkpoint_dir, latest_filename)

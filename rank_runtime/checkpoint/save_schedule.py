@@ -23,12 +23,12 @@ restore, and the first after a save that failed on any rank.
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Optional
 
 from ..process import batch_events, config
 from .rank_agreement import AGREE_TIMEOUT_S
 from ..formats.channel import Channel
 from ..formats.manifest import DELTA, FULL, SaveKind, SaveRef
-from ..process.state import STATE
 from ..process.world import get_world
 
 
@@ -97,37 +97,48 @@ def old_links(kinds: list, keep) -> int:
     return gone
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class SaveClock(batch_events.Observer):
-    """Rank 0's clock of an incremental job, asking for saves after training batches (batch_events.py;
-    the Saver registers it)."""
+    """The clock of an incremental job's save requests (rank 0's asks; every rank's is told its
+    saves), one from the first incremental Saver to terminate_config_initializer() (save_clock())."""
+    since: Optional[float] = None  # time.monotonic() of the last request, or of the first training batch
+    saved_at: float = 0.0  # the last save committed
+    saved_step: int = -1  # and its global step
 
     def batch_exchanged(self, event: batch_events.BatchExchanged) -> None:
         if event.channel == Channel.TRAIN:
-            request_due_save(event.exchange)
+            self.request_due_save(event.exchange)
+
+    def request_due_save(self, exchange) -> None:
+        """After each training batch: rank 0 of an incremental job asks for a save once
+        save_delta_checkpoints_secs passed since the last save (or request, or the first batch). Never
+        while a request is outstanding (its step not saved yet): the ranks read the requested step
+        while their exchanges run ahead of training by different amounts, so with one request at a
+        time every rank sees the same one at every step until it is saved."""
+        cfg = config.get_config()
+        if cfg.incremental is None or cfg.rank != 0:
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif exchange.save_request_step > self.saved_step:
+            return
+        elif now - max(self.since, self.saved_at) >= cfg.incremental.delta_every_s:
+            exchange.request_save()
+            self.since = now
+
+    def saved(self, step: int) -> None:
+        self.saved_at, self.saved_step = time.monotonic(), step
 
 
-def request_due_save(exchange) -> None:
-    """After each training batch: rank 0 of an incremental job asks for a save once
-    save_delta_checkpoints_secs passed since the last save (or request, or the first batch). Never
-    while a request is outstanding (its step not saved yet): the ranks read the requested step
-    while their exchanges run ahead of training by different amounts, so with one request at a
-    time every rank sees the same one at every step until it is saved."""
-    cfg = config.get_config()
-    if cfg.incremental is None or cfg.rank != 0:
-        return
-    now, timer = time.monotonic(), STATE.save_timer
-    if timer.since is None:
-        timer.since = now
-    elif exchange.save_request_step > timer.saved_step:
-        return
-    elif now - max(timer.since, timer.saved_at) >= cfg.incremental.delta_every_s:
-        exchange.request_save()
-        timer.since = now
-
-
-def saved_now(step: int) -> None:
-    STATE.save_timer.saved_at, STATE.save_timer.saved_step = time.monotonic(), step
+def save_clock() -> SaveClock:
+    """This init()'s clock: registered as a batch observer by the first incremental Saver, forgotten
+    with the others by terminate_config_initializer()."""
+    clock = next((o for o in batch_events.observers() if isinstance(o, SaveClock)), None)
+    if clock is None:
+        clock = SaveClock()
+        batch_events.register(clock)
+    return clock
 
 
 def asked_save_due(step: int, last_saved_step) -> bool:

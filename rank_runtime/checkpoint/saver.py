@@ -49,14 +49,14 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training import saver as saver_lib
 from tensorflow.python.training import training_util
 
-from ..process import batch_events, config, metrics
+from ..process import config, metrics
 from ..admission.steps import follow_global_step, step_of_save
 from .checkpoint_state import rank_state_filename, restorable, tf_get_checkpoint_state
 from ..process.logs import get_logger
 from .rank_agreement import AGREE_TIMEOUT_S, RankResult, agree, attempt
-from .save_schedule import Chain, SaveClock, asked_save_due, old_links, plan_save, saved_now
+from .save_schedule import Chain, asked_save_due, old_links, plan_save, save_clock
 from .stream_restore import restore_stream
-from ..process.state import STATE
+from ..stream.partitioned import training_stream
 from ..formats.sparse_checkpoint import (CheckpointError, discard_staged, find_shards, publish, read_manifest,
                                          sparse_dir, write_shard)
 from ..formats.manifest import FULL, SaveRef
@@ -116,7 +116,7 @@ class Saver(_TFSaver):
                     table.init_ops()
                     table.index.track_changes(cfg.incremental is not None)
                 if cfg.incremental is not None:
-                    batch_events.register(SaveClock())
+                    save_clock()
         if kwargs.get("defer_build") and self._tables:
             # TensorFlow refuses a var_list with a deferred build; it reads _var_list at build().
             super().__init__(None, *args, **kwargs)
@@ -192,7 +192,7 @@ class Saver(_TFSaver):
         self._forget_old(dense.value, kind, writes_dense)
         if plan is not None:
             self._chain = self._chain_after(plan, chain, dense.value, step or 0)
-            saved_now(step or 0)
+            save_clock().saved(step or 0)
         if shared:
             # Also the barrier after rank 0 listed the checkpoint: every rank returns once it is
             # listed, so that what follows (an evaluation of the latest checkpoint, say) sees it.
@@ -283,8 +283,9 @@ class Saver(_TFSaver):
         if self._tables and save_path is not None:
             restore_tables(sess, [(save_path, self._tables)], f"Saver.restore({save_path!r})", check_dense=True)
         super().restore(sess, save_path)
-        if STATE.stream is not None and save_path is not None:
-            restore_stream(STATE.stream, save_path)
+        stream = training_stream()
+        if stream is not None and save_path is not None:
+            restore_stream(stream, save_path)
         if self._tables and save_path is not None:
             follow_global_step(sess, self._tables)
             config.mark_loaded()
@@ -302,12 +303,13 @@ class Saver(_TFSaver):
         back_to = step_of_save(step)
         mode = "plain" if plan is None else plan.kind.kind
         tables = {table.table_name: table_writer(table, back_to, mode) for table in self._tables}
-        stream = None
-        if STATE.stream is not None:
+        stream, trained_from = None, training_stream()
+        if trained_from is not None:
             if step is None:
                 raise ValueError(f"Saver.save({path!r}): a job that trains from a stream saves with global_step, "
                                  "which says which batches the checkpoint holds (the stream's positions)")
-            stream = STATE.stream.cursor.positions_at(step)
+            assert trained_from.cursor is not None  # set before the stream registers
+            stream = trained_from.cursor.positions_at(step)
         shard = write_shard(path, cfg.rank, cfg.size, step, tables, shared, plan.kind if plan else None, stream)
         log.info("saved this rank's shard of %d table(s) for %s (staged; in place once every rank has saved)%s",
                  len(tables), sparse_dir(path),

@@ -9,10 +9,10 @@ import ctypes
 import functools
 import glob
 import os
+from dataclasses import dataclass, field
+from typing import Dict
 
 import tensorflow as tf
-
-from ..process.state import STATE
 
 REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` target), which rebuilds it for the " \
           "installed TensorFlow"
@@ -30,10 +30,18 @@ def library_path() -> str:
     return found[-1]
 
 
+@dataclass
+class OpLibraries:
+    libraries: Dict[str, object] = field(default_factory=dict)  # loaded into TensorFlow, by path
+
+
+_STATE = OpLibraries()
+
+
 def load(path: str | None = None):
     """The op library's Python module (its ops as functions); `path` for tests."""
     path = path or library_path()
-    if path not in STATE.op_libraries:
+    if path not in _STATE.libraries:
         try:
             module = tf.load_op_library(path)
         except (tf.errors.NotFoundError, OSError) as e:
@@ -43,8 +51,8 @@ def load(path: str | None = None):
         if missing:
             raise RuntimeError(f"{path} is not shardrec's op library for this version (no {', '.join(missing)}): "
                                f"{REBUILD}")
-        STATE.op_libraries[path] = module
-    return STATE.op_libraries[path]
+        _STATE.libraries[path] = module
+    return _STATE.libraries[path]
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,11 +17,10 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from ..process import config
-from . import native_ops
+from . import export_view, native_ops
 from ..process.logs import get_logger, warn_once
 from .row_dtypes import RowDtypes, row_dtypes
 from .row_store import make_store
-from ..serving import export as serving_export
 from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
 from ..validation import check_choice, check_int, check_number, check_type
 from ..process.world import get_world
@@ -227,6 +226,12 @@ class EmbeddingTable:
         return AdmissionCounters(admitted=c.admitted, rejected=c.rejected, evicted=c.evicted, reused=c.reused,
                                  pending=self.index.pending(), capacity=self.capacity())
 
+    def beat_figures(self) -> "tuple[Optional[dict], Optional[dict]]":
+        """What a heartbeat carries of the table besides its size: admission counters (a table with
+        admission counts) and SSD tier counters (a table with a tier), each None otherwise."""
+        counted = self.admission_counters().as_dict() if self.thresholds is not None and self.thresholds.counts else None
+        return counted, self.ssd.counters(self.index).as_dict() if self.ssd is not None else None
+
     def export(self, sess) -> dict:
         """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}
         as numpy arrays, rows aligned with keys, in row order. Every rank calls it for its own shard
@@ -279,9 +284,9 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
     float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py)."""
     owner = "create_table"
-    exporting = serving_export.active()
-    if exporting is not None:  # an export graph: the table's rows come from the checkpoint (serving/)
-        return exporting.table(name, _key_dtype(key_dtype), _dim(dim))
+    export = export_view.view_of()
+    if export is not None:  # a graph a serving export builds: the table's rows come from the checkpoint
+        return export.table(name, _key_dtype(key_dtype), _dim(dim))
     cfg = config.get_config()
     key_dtype = _key_dtype(key_dtype)
     dim = _dim(dim)

@@ -98,13 +98,17 @@ class Estimator(tf.estimator.Estimator):
         user_fn = model_fn
         user_args = set(function_utils.fn_args(user_fn))
         estimator = self
+        # The checkpoint export_saved_model reads, while it builds its graph (None: not exporting).
+        self._exporting_from = None
 
         def shardrec_model_fn(features, labels, mode, params, config):
+            export = None
+            if estimator._exporting_from is not None:  # the graph TensorFlow builds for the export
+                export = serving_export.export_in(tf.compat.v1.get_default_graph(), estimator._exporting_from)
             kwargs = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}
             spec = user_fn(**{k: v for k, v in kwargs.items() if k in user_args})
-            exporting = serving_export.active()
-            if exporting is not None:
-                return _export_spec(spec, exporting, features)
+            if export is not None:
+                return _export_spec(spec, export, features)
             return estimator._add_rank_hooks(spec, mode)
 
         # Warm start covers tables and list-valued settings (the user guide's "Custom WarmStart"), so shardrec applies it
@@ -129,17 +133,19 @@ class Estimator(tf.estimator.Estimator):
         checkpoint_path = serving_export.resolve_checkpoint(checkpoint_path or self.model_dir)
         base = os.fsdecode(export_dir_base)
         before = set(os.listdir(base)) if os.path.isdir(base) else set()
+        self._exporting_from = checkpoint_path
         try:
-            with serving_export.exporting(checkpoint_path):
-                return super()._export_all_saved_models(
-                    export_dir_base, input_receiver_fn_map, assets_extra=assets_extra, as_text=as_text,
-                    checkpoint_path=checkpoint_path, strip_default_attrs=strip_default_attrs)
+            return super()._export_all_saved_models(
+                export_dir_base, input_receiver_fn_map, assets_extra=assets_extra, as_text=as_text,
+                checkpoint_path=checkpoint_path, strip_default_attrs=strip_default_attrs)
         except BaseException:
             # TensorFlow leaves its half-written temp-<timestamp> directory behind when an export fails.
             for entry in set(os.listdir(base)) - before if os.path.isdir(base) else ():
                 if entry.startswith("temp-"):
                     shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
             raise
+        finally:
+            self._exporting_from = None
 
     def _add_rank_hooks(self, spec, mode):
         state = _runtime_config().graph_state()

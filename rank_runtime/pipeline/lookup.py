@@ -2,14 +2,13 @@
 import tensorflow as tf
 
 from ..process import config
-from ..embedding import native_ops
+from ..embedding import export_view, native_ops
 from ..formats.channel import Channel, RowExchangeName
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from ..optimizers import by_address
 from . import combiners, pooled_lookup, ragged_ids
 from .routing import FeatureRouting, PoolRouting
-from ..serving import export as serving_export
 from ..embedding.table import EmbeddingTable
 from ..validation import INT32_MAX, check_bool, check_int, check_type
 from ..process.world import get_world
@@ -125,9 +124,9 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     variable-length ids (a RaggedTensor or SparseTensor [batch, (ids)]), [batch, dim]: each
     example's rows combined by `combiner` ('sum', 'mean' (default), 'sqrtn') with optional per-id
     `weights`, as tf.nn.embedding_lookup_sparse, pooled on the owners (pooled_lookup.py)."""
-    exporting = serving_export.active()
-    if exporting is not None:  # an export graph: a stock lookup of the receiver's ids (serving/)
-        return exporting.lookup(hashtable, ids, batch, serving_default_value, name, combiner, weights)
+    export = export_view.view_of()
+    if export is not None:  # a graph a serving export builds: a stock lookup of the receiver's ids
+        return export.lookup(hashtable, ids, batch, serving_default_value, name, combiner, weights)
     cfg = config.get_config()
     send_count = _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph,
                                    access_and_evict_config, is_grad, kwargs)

@@ -14,11 +14,10 @@ Observers run on the key pipeline's thread, in the order they were registered, o
 cheap work, no collective, nothing that waits. init() starts with none registered, and
 terminate_config_initializer() forgets them all.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Protocol, Sequence, Tuple
 
 from ..formats.channel import Channel
-from .state import STATE
 
 
 @dataclass(frozen=True)
@@ -57,30 +56,40 @@ class Observer:
         pass
 
 
+@dataclass
+class ObserversState:
+    """The observers registered since init(), in order."""
+    observers: List[BatchObserver] = field(default_factory=list)
+
+
+_STATE = ObserversState()
+
+
 def register(observer: BatchObserver) -> None:
     """Adds `observer` (once: one equal to a registered one is not added again)."""
-    if observer not in STATE.batch_observers:
-        STATE.batch_observers.append(observer)
+    if observer not in _STATE.observers:
+        _STATE.observers.append(observer)
 
 
 def unregister(observer: BatchObserver) -> None:
-    if observer in STATE.batch_observers:
-        STATE.batch_observers.remove(observer)
+    if observer in _STATE.observers:
+        _STATE.observers.remove(observer)
 
 
 def forget_all() -> None:
-    STATE.batch_observers.clear()
+    _STATE.observers.clear()
 
 
-def _observers() -> List[BatchObserver]:
-    return list(STATE.batch_observers)  # type: ignore[arg-type]  # state.py names no type of a room above it
+def observers() -> List[BatchObserver]:
+    """The registered observers, in order (a copy: one may unregister while the others are told)."""
+    return list(_STATE.observers)
 
 
 def batch_exchanged(event: BatchExchanged) -> None:
-    for observer in _observers():
+    for observer in observers():
         observer.batch_exchanged(event)
 
 
 def pass_ended(event: PassEnded) -> None:
-    for observer in _observers():
+    for observer in observers():
         observer.pass_ended(event)

@@ -12,7 +12,6 @@ from typing import Optional
 import tensorflow as tf
 
 from . import heartbeat
-from .state import STATE
 from ..validation import check_bool
 
 
@@ -73,14 +72,35 @@ class GraphState:
     weighted_pools: set = field(default_factory=set)
 
 
-def get_config() -> "RuntimeConfig":
-    if STATE.config is None:
+@dataclass
+class ConfigState:
+    config: Optional[RuntimeConfig] = None  # the running init()'s: None before init() and after terminate
+
+
+_STATE = ConfigState()
+
+
+def install(cfg: RuntimeConfig) -> None:
+    """init() made `cfg`: every module reads it from here on, until forget()."""
+    if _STATE.config is not None:
+        raise RuntimeError("init: shardrec is already initialised; call terminate_config_initializer() "
+                           "before calling init() again")
+    _STATE.config = cfg
+
+
+def forget() -> None:
+    """terminate_config_initializer(): the configuration and every graph's tables go."""
+    _STATE.config = None
+
+
+def get_config() -> RuntimeConfig:
+    if _STATE.config is None:
         raise RuntimeError("shardrec is not initialised: call mx_rec.util.initialize.init(...) first")
-    return STATE.config
+    return _STATE.config
 
 
 def is_initialized() -> bool:
-    return STATE.config is not None
+    return _STATE.config is not None
 
 
 def get_rank_id() -> int:

@@ -36,9 +36,20 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
+from typing import List
 
 from .logs import get_logger
-from .state import STATE
+
+
+@dataclass
+class ExitState:
+    """The statuses sys.exit was called with; whether the hooks are installed (once per process)."""
+    statuses: List[object] = field(default_factory=list)
+    installed: bool = False
+
+
+_STATE = ExitState()
 
 
 def exit_failed() -> bool:
@@ -49,7 +60,7 @@ def exit_failed() -> bool:
 
 def _failing_status():
     """The status of a failing sys.exit (a non-zero number, or a message), else None."""
-    statuses = STATE.exit_statuses
+    statuses = _STATE.statuses
     return statuses[-1] if statuses and statuses[-1] not in (None, 0) else None
 
 
@@ -80,13 +91,13 @@ def _say(text):
 
 def install() -> None:
     """Idempotent: wraps sys.exit and registers the at-exit check (sys.excepthook stays the user's)."""
-    if STATE.exit_hooks_installed:
+    if _STATE.installed:
         return
-    STATE.exit_hooks_installed = True
+    _STATE.installed = True
     previous_exit = sys.exit
 
     def exit(status=None):  # noqa: A001 - it is sys.exit
-        STATE.exit_statuses.append(status)
+        _STATE.statuses.append(status)
         previous_exit(status)
 
     def at_exit():

@@ -23,16 +23,41 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Protocol
 
 from ..formats.channel import Channel
 from ..formats.heartbeat_format import ATTEMPT_ENV, INTERVAL_ENV, RESUME_ENV, RUN_DIR_ENV, STACKS_SIGNAL, Heartbeat
 from . import batch_events
-from .state import STATE
 
 MIN_INTERVAL_S = 0.5
 
-_beats = STATE.heartbeat
+
+class WatchedTable(Protocol):
+    """What a beat reads of a table (embedding/table.py's EmbeddingTable)."""
+
+    def size(self) -> int: ...
+
+    def beat_figures(self) -> "tuple[Optional[dict], Optional[dict]]":
+        """Its admission and SSD tier counters (each None when the table has none)."""
+
+
+@dataclass
+class HeartbeatState:
+    """The next beat (made by start()), when the last was written, the tables watched."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    beat: Optional[Heartbeat] = None
+    written: float = 0.0
+    exited: bool = False  # the last beat (exiting) is written: no beat may follow it
+    fd: Optional[int] = None
+    tables: Dict[str, WatchedTable] = field(default_factory=dict)
+    # What the last progress beat read of the tables (the ticker repeats it).
+    sizes: Dict[str, int] = field(default_factory=dict)
+    admission: Dict[str, dict] = field(default_factory=dict)
+    tiers: Dict[str, dict] = field(default_factory=dict)
+
+
+_STATE = HeartbeatState()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +73,15 @@ def start(rank: int, size: int) -> None:
     if not os.environ.get(RUN_DIR_ENV):
         return
     batch_events.register(_BatchBeats())
-    if _beats.fd is not None:
+    if _STATE.fd is not None:
         return
     # A duplicate of the stderr mpiexec gave us: the script redirecting sys.stderr (or fd 2) later
     # must not swallow the beats.
-    _beats.fd = os.dup(2)
+    _STATE.fd = os.dup(2)
     import psutil
 
     # The rank's host, not the supervisor's: memory warnings compare against this.
-    _beats.beat = Heartbeat(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
+    _STATE.beat = Heartbeat(rank=rank, size=size, pid=os.getpid(), host=socket.gethostname(),
                             host_memory=psutil.virtual_memory().total, attempt=int(os.environ.get(ATTEMPT_ENV, "0")))
     atexit.register(_last_beat)
     _write(force=True)
@@ -74,22 +99,22 @@ def stacks_on_sigusr1() -> None:
 
 def active() -> bool:
     """Whether a supervisor reads this rank's heartbeats (callers skip their work otherwise)."""
-    return _beats.fd is not None
+    return _STATE.fd is not None
 
 
-def watch_tables(tables: dict) -> None:
-    """Tables (name -> EmbeddingTable) whose key counts go into every beat; they are read only
+def watch_tables(tables: Dict[str, WatchedTable]) -> None:
+    """Tables (name -> table) whose key counts go into every beat; they are read only
     when a beat is written, not on every progress."""
-    _beats.tables.update(tables)
+    _STATE.tables.update(tables)
 
 
 def _progress(**fields) -> None:
     """One unit of progress, with what the rank knows of it (Heartbeat fields)."""
-    if _beats.fd is None:
+    if _STATE.fd is None:
         return
-    with _beats.lock:
-        assert _beats.beat is not None  # start() made it, with the fd
-        _beats.beat = dataclasses.replace(_beats.beat, progress=_beats.beat.progress + 1, **fields)
+    with _STATE.lock:
+        assert _STATE.beat is not None  # start() made it, with the fd
+        _STATE.beat = dataclasses.replace(_STATE.beat, progress=_STATE.beat.progress + 1, **fields)
     _write()
 
 
@@ -108,11 +133,11 @@ def resize_stop() -> None:
 
 def waiting_for_data(waiting: bool) -> None:
     """This rank's stream has nothing new and it waits (True), or it has data again (False)."""
-    if _beats.fd is None:
+    if _STATE.fd is None:
         return
-    with _beats.lock:
-        assert _beats.beat is not None
-        _beats.beat = dataclasses.replace(_beats.beat, waiting_for_data=waiting)
+    with _STATE.lock:
+        assert _STATE.beat is not None
+        _STATE.beat = dataclasses.replace(_STATE.beat, waiting_for_data=waiting)
     _write(force=True, tick=True)  # the reader's thread: the tables are read on the key pipeline's only
 
 
@@ -141,31 +166,34 @@ def _tick(interval):
 
 def _read_tables():
     """Keys held, admission and tier counters of the watched tables, for the next beats."""
-    tables = _beats.tables
-    _beats.sizes = {name: table.size() for name, table in tables.items()}
-    _beats.admission = {name: table.admission_counters().as_dict() for name, table in tables.items()
-                        if table.thresholds is not None and table.thresholds.counts}
-    _beats.tiers = {name: table.ssd.counters(table.index).as_dict() for name, table in tables.items()
-                    if table.ssd is not None}
+    sizes, admission, tiers = {}, {}, {}
+    for name, table in _STATE.tables.items():
+        sizes[name] = table.size()
+        counted, tiered = table.beat_figures()
+        if counted is not None:
+            admission[name] = counted
+        if tiered is not None:
+            tiers[name] = tiered
+    _STATE.sizes, _STATE.admission, _STATE.tiers = sizes, admission, tiers
 
 
 def _write(force=False, tick=False, exiting=False):
     now = time.time()
-    with _beats.lock:
-        if _beats.exited or (not force and now - _beats.written < MIN_INTERVAL_S):
+    with _STATE.lock:
+        if _STATE.exited or (not force and now - _STATE.written < MIN_INTERVAL_S):
             return
-        _beats.written = now
-    if _beats.tables and not tick:
+        _STATE.written = now
+    if _STATE.tables and not tick:
         # Read on the thread that makes progress, never from the ticker while a batch grows a table.
         _read_tables()
     # Made and written under the lock: a beat another thread began (the ticker's) could otherwise
     # land after the last one and tell the supervisor that a rank which finished never did.
-    with _beats.lock:
-        if _beats.exited:
+    with _STATE.lock:
+        if _STATE.exited:
             return
-        _beats.exited = exiting
-        beat = dataclasses.replace(_beats.beat, time=time.time(), exiting=exiting)
-        beat.tables, beat.admission, beat.tiers = dict(_beats.sizes), dict(_beats.admission), dict(_beats.tiers)
+        _STATE.exited = exiting
+        beat = dataclasses.replace(_STATE.beat, time=time.time(), exiting=exiting)
+        beat.tables, beat.admission, beat.tiers = dict(_STATE.sizes), dict(_STATE.admission), dict(_STATE.tiers)
         try:
             import psutil
 
@@ -175,11 +203,11 @@ def _write(force=False, tick=False, exiting=False):
         # One write of one line, well under PIPE_BUF: no other writer's bytes land inside it (a line of
         # the script's left unfinished is split around it by the supervisor).
         try:
-            os.write(_beats.fd, beat.line())
+            os.write(_STATE.fd, beat.line())
         except OSError:
             pass  # mpiexec gone: the supervisor already knows
 
 
 def _last_beat():
-    if _beats.fd is not None:
+    if _STATE.fd is not None:
         _write(force=True, exiting=True)

@@ -4,16 +4,24 @@ Horovod, the exchanges), TensorFlow's patches, the heartbeat.
 """
 import atexit
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 from . import batch_events, config, exit_hooks, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
 from .logs import get_logger, warn_once
-from .state import STATE, SaveTimerState
 from ..validation import INT32_MAX, check_bool, check_int
 from .world import get_world
 
 log = get_logger("shardrec.config")
+
+
+@dataclass
+class LifecycleState:
+    terminate_registered: bool = False  # terminate_config_initializer() runs at exit (registered once)
+
+
+_STATE = LifecycleState()
 
 
 def _warn_unused_steps(steps):
@@ -82,7 +90,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     """Initialises shardrec in this process; call once before building the graph. Every parameter
     of the Rec SDK's init is accepted (docs/reference/init.md); those without a counterpart here are said in
     the log."""
-    if STATE.config is not None:
+    if config.is_initialized():
         raise RuntimeError("init: shardrec is already initialised; call terminate_config_initializer() "
                            "before calling init() again")
     steps = {}
@@ -120,16 +128,17 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
                   "shardrec.config")
     world.restart_channels()
     tf_patches.patch_tensorflow()
-    if not STATE.terminate_registered:
+    if not _STATE.terminate_registered:
         atexit.register(terminate_config_initializer)
         exit_hooks.install_exit_watch()
-        STATE.terminate_registered = True
+        _STATE.terminate_registered = True
     rank, size = world.rank, world.size
     if bind_cpu:
         _bind_to_cores(world.local_rank, world.local_size)
-    STATE.config = config.RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion,
-                                        if_load=if_load, rank=rank, size=size, incremental=incremental,
-                                        restore_model_version=restore_model_version)
+    cfg = config.RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion, if_load=if_load,
+                               rank=rank, size=size, incremental=incremental,
+                               restore_model_version=restore_model_version)
+    config.install(cfg)
     heartbeat.stacks_on_sigusr1()
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
         resize.install()  # before the first beat: the supervisor signals only ranks that beat
@@ -140,7 +149,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     log.info("initialised: %d rank(s), %s shapes%s", size, "dynamic" if use_dynamic else "static",
              f", a full checkpoint every {incremental.full_every_s} s and a delta every {incremental.delta_every_s} s"
              if incremental else "")
-    return STATE.config
+    return cfg
 
 
 _INIT_PARAMETERS = ("max_steps", "train_steps", "eval_steps", "save_steps", "use_dynamic", "use_dynamic_expansion",
@@ -153,10 +162,8 @@ def terminate_config_initializer() -> None:
     """Forgets the configuration and every table, so that init() may be called again. The
     communicators, Horovod and MPI stay up for the rest of the process; datasets built before
     refuse to run until a new pipeline is started."""
-    if STATE.config is None:
+    if not config.is_initialized():
         return
     log.info("terminated")
-    batch_events.forget_all()
-    STATE.config = None
-    STATE.stream = None
-    STATE.save_timer = SaveTimerState()
+    batch_events.forget_all()  # among them the stream trained from and the incremental save clock
+    config.forget()

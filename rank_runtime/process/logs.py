@@ -2,17 +2,27 @@
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
+from typing import Set
 
-from .state import STATE
+
+@dataclass
+class LogsState:
+    """What every log line starts with, and the warnings already given once."""
+    rank_text: str = "rank 0/1"
+    warned: Set[str] = field(default_factory=set)
+
+
+_STATE = LogsState()
 
 
 def set_rank(rank: int, size: int) -> None:
-    STATE.rank_text = f"rank {rank}/{size}"
+    _STATE.rank_text = f"rank {rank}/{size}"
 
 
 class _RankFilter(logging.Filter):
     def filter(self, record):
-        record.rank = STATE.rank_text
+        record.rank = _STATE.rank_text
         return True
 
 
@@ -30,6 +40,11 @@ def get_logger(name: str) -> logging.Logger:
 
 def warn_once(message: str, logger: str = "shardrec") -> None:
     """Logs `message` as a warning the first time only (a parameter with no effect, say)."""
-    if message not in STATE.warned:
-        STATE.warned.add(message)
+    if message not in _STATE.warned:
+        _STATE.warned.add(message)
         get_logger(logger).warning(message)
+
+
+def warned_once(message: str) -> bool:
+    """Whether warn_once(message) was said in this process."""
+    return message in _STATE.warned

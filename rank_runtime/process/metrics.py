@@ -16,13 +16,12 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Optional
+from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 from ..formats.heartbeat_format import ATTEMPT_ENV, RESIZES_ENV, RESTARTS_ENV
 from ..formats.channel import Channel
 from . import batch_events
 from .logs import get_logger
-from .state import STATE
 
 log = get_logger("shardrec.metrics")
 PORT_ENV, EVERY_RANK_ENV, ADDR_ENV, PROGRESS_ENV = ("SHARDREC_METRICS_PORT", "SHARDREC_METRICS_EVERY_RANK",
@@ -38,11 +37,37 @@ class SaveFigures:
     at: float  # time.time() when it was committed
 
 
+@runtime_checkable
+class StreamLag(Protocol):
+    """The stream this process trains from, as metrics reads it: a batch observer (stream/partitioned.py's
+    PartitionedStream registers itself) whose lag() is {partition: figures with records, seconds, trained}."""
+
+    def lag(self) -> Mapping[str, Any]: ...
+
+
+@dataclasses.dataclass
+class MetricsState:
+    """Samples trained, the tables' figures as last read (name -> rows, admitted, evicted), the last
+    save; the endpoint's (server, thread, port) and the progress lines' thread."""
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    samples: int = 0
+    rate: float = 0.0  # samples/s over the last refresh interval
+    rate_from: Tuple[float, int] = (0.0, 0)  # (monotonic time, samples) the rate is measured from
+    tables: Dict[str, dict] = dataclasses.field(default_factory=dict)
+    last_save: Optional[SaveFigures] = None
+    server: Optional[Tuple[Any, threading.Thread, int]] = None  # prometheus_client's server, its thread, the port
+    progress_thread: Optional[threading.Thread] = None
+    progress_tables: Dict[str, dict] = dataclasses.field(default_factory=dict)  # as at the last progress line
+
+
+_STATE = MetricsState()
+
+
 def batch_trained(samples: int, tables) -> None:
     """The key pipeline exchanged a training batch of `samples` (on its thread, which alone grows
     the tables: their figures are read here, a few native counters, so that a scrape after the
     last batch sees that batch's)."""
-    state = STATE.metrics
+    state = _STATE
     if state.server is None and state.progress_thread is None:  # nobody reads the figures
         state.samples += samples
         return
@@ -65,21 +90,21 @@ def start_progress_lines() -> None:
     """A stream job's progress lines, every SHARDREC_PROGRESS_S seconds, from a thread of their own:
     a stream's lag may read the broker or count new files, which the step must not wait for."""
     interval = _progress_interval()
-    if not interval or STATE.metrics.progress_thread is not None:
+    if not interval or _STATE.progress_thread is not None:
         return
 
     def lines():
         while True:
             time.sleep(interval)
-            if STATE.stream is None:
+            if _training_stream() is None:
                 continue
             try:
                 log.info("progress: %s", progress_line())
             except Exception as e:  # noqa: BLE001 - a progress line never ends the job
                 log.warning("progress line failed: %s", e)
 
-    STATE.metrics.progress_thread = threading.Thread(target=lines, name="shardrec-progress", daemon=True)
-    STATE.metrics.progress_thread.start()
+    _STATE.progress_thread = threading.Thread(target=lines, name="shardrec-progress", daemon=True)
+    _STATE.progress_thread.start()
 
 
 def saved(step: int, kind: str, shard_dir: str) -> None:
@@ -91,7 +116,7 @@ def saved(step: int, kind: str, shard_dir: str) -> None:
                 size += os.path.getsize(os.path.join(folder, name))
             except OSError:
                 pass
-    STATE.metrics.last_save = SaveFigures(step, kind, size, time.time())
+    _STATE.last_save = SaveFigures(step, kind, size, time.time())
 
 
 def _progress_interval() -> float:
@@ -102,9 +127,13 @@ def _progress_interval() -> float:
         return 30.0
 
 
+def _training_stream() -> Optional[StreamLag]:
+    return next((o for o in batch_events.observers() if isinstance(o, StreamLag)), None)
+
+
 def _lag():
-    stream = STATE.stream
-    if stream is None or stream.cursor is None:
+    stream = _training_stream()
+    if stream is None:
         return {}
     try:
         return stream.lag()
@@ -115,7 +144,7 @@ def _lag():
 
 def progress_line() -> str:
     """samples/s, the stream's lag, the last save, rows and admissions/evictions since the last line."""
-    state = STATE.metrics
+    state = _STATE
     with state.lock:
         rate, samples, tables, save = state.rate, state.samples, dict(state.tables), state.last_save
         before_tables, state.progress_tables = state.progress_tables, tables
@@ -143,7 +172,7 @@ class _Collector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        state, rank = STATE.metrics, self.rank
+        state, rank = _STATE, self.rank
         with state.lock:
             rate, samples, tables, save = state.rate, state.samples, dict(state.tables), state.last_save
 
@@ -200,8 +229,8 @@ def start_metrics_server(port: int, every_rank: bool = False, addr: str = "127.0
 
     check_int("start_metrics_server", "port", port, 1, 65535)
     world = get_world()
-    if STATE.metrics.server is not None:
-        return STATE.metrics.server[2]
+    if _STATE.server is not None:
+        return _STATE.server[2]
     if not every_rank and world.rank != 0:
         return None
     mine = port + (world.local_rank if every_rank else 0)
@@ -212,7 +241,7 @@ def start_metrics_server(port: int, every_rank: bool = False, addr: str = "127.0
     except OSError as e:
         raise OSError(f"the metrics endpoint cannot listen on {addr}:{mine} ({e}); give another port "
                       f"({PORT_ENV}) or stop what uses it") from None
-    STATE.metrics.server = (server, thread, mine)
+    _STATE.server = (server, thread, mine)
     log.info("metrics at http://%s:%d/metrics", addr, mine)
     return mine
 

@@ -22,14 +22,28 @@ import os
 import signal
 
 from dataclasses import dataclass
+from typing import Optional
 
 from . import batch_events, heartbeat
 from ..formats.heartbeat_format import RESIZE_SIGNAL
 from .logs import get_logger
-from .state import STATE
 
 log = get_logger("shardrec.resize")
 SIGNAL = RESIZE_SIGNAL
+
+
+@dataclass
+class ResizeState:
+    """The supervisor asked for a stop (set by the signal handler, which may only set a field), and
+    the batch after which this rank's input stopped for it (said once)."""
+    asked: bool = False
+    stopped_after: Optional[int] = None
+    wakeup: Optional[int] = None  # the read end of the signals' pipe
+    on_sigterm: bool = False  # SIGTERM asks for the stop too (a job that trains from a stream)
+    terms: int = 0  # SIGTERMs arrived: the second ends the process
+
+
+_STATE = ResizeState()
 
 
 def install() -> None:
@@ -43,7 +57,7 @@ def install() -> None:
 
 
 def _signals_to_pipe() -> None:
-    if STATE.resize.wakeup is not None:
+    if _STATE.wakeup is not None:
         return
     read, write = os.pipe()
     os.set_blocking(read, False)
@@ -58,11 +72,11 @@ def _signals_to_pipe() -> None:
         os.close(read)
         os.close(write)
         return
-    STATE.resize.wakeup = read
+    _STATE.wakeup = read
 
 
 def _handle(signum, frame):
-    STATE.resize.asked = True
+    _STATE.asked = True
 
 
 def stop_on_sigterm() -> None:
@@ -76,23 +90,23 @@ def stop_on_sigterm() -> None:
     except ValueError:  # not the main thread
         log.warning("the stream was built off the main thread: SIGTERM ends the job at once, without a save")
         return
-    STATE.resize.on_sigterm = True
+    _STATE.on_sigterm = True
     _signals_to_pipe()
 
 
 def _terminate(signum, frame):
-    if STATE.resize.wakeup is not None:
+    if _STATE.wakeup is not None:
         requested()  # the pipe counts this SIGTERM
         return
-    STATE.resize.terms += 1
-    if STATE.resize.terms > 1:
+    _STATE.terms += 1
+    if _STATE.terms > 1:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
-    STATE.resize.asked = True
+    _STATE.asked = True
 
 
 def requested() -> bool:
-    state = STATE.resize
+    state = _STATE
     if state.wakeup is not None:
         try:
             arrived = os.read(state.wakeup, 4096)
@@ -125,8 +139,8 @@ def observe_stops() -> None:
 def stop(batches: int) -> None:
     """The training input ended after `batches` for the resize: said once in the log, and in every
     beat from here on (the supervisor restarts the job only when the ranks confirm the stop)."""
-    if STATE.resize.stopped_after is None:
-        STATE.resize.stopped_after = batches
+    if _STATE.stopped_after is None:
+        _STATE.stopped_after = batches
         log.info("the job was asked to stop (by a signal: the supervisor's resize or stop, or SIGTERM): the "
                  "training input ends here, after %d batch(es) of this pass, on every rank; the end of training "
                  "saves a checkpoint, which a restart resumes from", batches)

@@ -3,6 +3,8 @@ the Saver becomes shardrec's, get_checkpoint_state skips uncommitted checkpoints
 defaults for ranks sharing a host are host_defaults.py's; the hooks that end the whole job when one
 rank fails are exit_hooks.py's.
 """
+from dataclasses import dataclass
+
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.data.ops import dataset_ops
@@ -12,23 +14,29 @@ from ..checkpoint import checkpoint_state, saver
 from . import config
 from ..pipeline import key_pipeline
 from ..checkpoint.save_schedule import AgreedSaveTimer
-from .state import STATE
+
+
+@dataclass
+class PatchState:
+    patched: bool = False  # once per process
+
+
+_STATE = PatchState()
 
 
 def patch_tensorflow() -> None:
     """Dataset.map recognises the insert function; tf.compat.v1.train.Saver (and the class the
     Estimator's Scaffold uses) becomes shardrec's Saver; get_checkpoint_state skips checkpoints
     whose table shards are incomplete. Idempotent."""
-    if STATE.tensorflow_patched:
+    if _STATE.patched:
         return
     for cls in (dataset_ops.DatasetV2, dataset_ops.DatasetV1):
         _wrap_map(cls)
     saver_lib.Saver = tf.compat.v1.train.Saver = saver.Saver
-    STATE.tf_get_checkpoint_state = checkpoint_management.get_checkpoint_state
     checkpoint_management.get_checkpoint_state = checkpoint_state.get_checkpoint_state
     tf.train.get_checkpoint_state = tf.compat.v1.train.get_checkpoint_state = checkpoint_state.get_checkpoint_state
     _follow_agreed_saves(tf.compat.v1.train.CheckpointSaverHook)
-    STATE.tensorflow_patched = True
+    _STATE.patched = True
 
 
 def _follow_agreed_saves(cls):

@@ -10,13 +10,14 @@ on any rank ends the whole job at once, naming the rank and its status (exit_hoo
 import atexit
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from . import exit_hooks, host_defaults
 from ..formats.channel import Channel, check_matches_native
 from .logs import get_logger, set_rank
-from .state import STATE
 
 log = get_logger("shardrec.world")
 # Every round of the key exchange waits at most this long for the other ranks (seconds).
@@ -181,6 +182,14 @@ def unlink_own_segments():
 
 def get_world() -> "World":
     """The world, created on first use (collective: every rank calls it at the same point)."""
-    if STATE.world is None:
-        STATE.world = World()
-    return STATE.world
+    if _STATE.world is None:
+        _STATE.world = World()
+    return _STATE.world
+
+
+@dataclass
+class WorldState:
+    world: Optional[World] = None  # made by the first get_world(), for the rest of the process
+
+
+_STATE = WorldState()

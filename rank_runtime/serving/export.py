@@ -6,7 +6,6 @@ returns a `StockTable` sized from the checkpoint's manifests, every `sparse_look
 receiver's ids up in it. `ExportSaver` restores the dense variables from the checkpoint and fills
 the stock tables from every rank's shard (any world size, any storage tier: the checkpoint holds
 every row), then saves all of them into the SavedModel's variables."""
-import contextlib
 import os
 import shutil
 import time
@@ -14,10 +13,10 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from ..embedding import export_view
 from ..pipeline import combiners, ragged_ids
 from ..pipeline.feature_spec import FeatureSpec
 from ..process.logs import get_logger
-from ..process.state import STATE
 from ..formats.sparse_checkpoint import CheckpointError, move_into_place
 from .saved_rows import SavedTables, saved_tables
 from .stock_table import StockTable
@@ -124,22 +123,12 @@ class ServingExport:
         return done
 
 
-def active() -> "ServingExport | None":
-    """The export in progress in this process, or None (create_table and sparse_lookup ask)."""
-    return STATE.serving_export
-
-
-@contextlib.contextmanager
-def exporting(save_path, row_dtype=tf.float32):
-    """Makes the graph built inside an export graph (create_table, sparse_lookup stock ops);
+def export_in(graph: tf.Graph, save_path, row_dtype=tf.float32) -> ServingExport:
+    """An export whose tables create_table and sparse_lookup make in `graph` (embedding/export_view.py);
     save_path: a checkpoint prefix, or every rank's prefix of one saved under a path per rank."""
-    if STATE.serving_export is not None:
-        raise RuntimeError("an export is already in progress in this process")
-    STATE.serving_export = ServingExport(save_path, row_dtype)
-    try:
-        yield STATE.serving_export
-    finally:
-        STATE.serving_export = None
+    export = ServingExport(save_path, row_dtype)
+    export_view.build_in(graph, export)
+    return export
 
 
 class ExportSaver(tf.compat.v1.train.Saver):
@@ -208,7 +197,8 @@ def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict,
     if not isinstance(inputs, dict) or not inputs or not all(isinstance(s, tf.TensorSpec) for s in inputs.values()):
         raise TypeError("export_saved_model: inputs must be a non-empty dict of feature name -> tf.TensorSpec")
     save_path = resolve_checkpoint(checkpoint)
-    with tf.Graph().as_default(), exporting(save_path, row_dtype) as export:
+    with tf.Graph().as_default() as graph:
+        export = export_in(graph, save_path, row_dtype)
         features = {name: tf.compat.v1.placeholder(s.dtype, s.shape, name=name) for name, s in inputs.items()}
         outputs = model_fn(features)
         if not isinstance(outputs, dict) or not outputs or not all(isinstance(t, tf.Tensor) for t in outputs.values()):

@@ -15,7 +15,6 @@ from ..formats.channel import Channel
 from ..formats.stream_positions import PartitionPosition
 from ..process import batch_events, config, heartbeat, metrics, resize
 from ..process.logs import get_logger
-from ..process.state import STATE
 from ..process.world import get_world
 from ..validation import check_int, check_number
 from .cursor import StreamCursor
@@ -71,10 +70,10 @@ class PartitionedStream(batch_events.Observer):
         self._prepare()
         self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
         self._number_batches_from(0)
-        if STATE.stream is not None:
-            batch_events.unregister(STATE.stream)
-        STATE.stream = self
-        batch_events.register(self)
+        before = training_stream()
+        if before is not None:
+            batch_events.unregister(before)
+        batch_events.register(self)  # from here on the stream this process trains from
         resize.stop_on_sigterm()
         metrics.start_progress_lines()
         return self._records().with_options(_own_threads())
@@ -156,3 +155,9 @@ class PartitionedStream(batch_events.Observer):
 
     def _read(self, cursor: StreamCursor, resume: Optional[str]):
         raise NotImplementedError
+
+
+def training_stream() -> Optional[PartitionedStream]:
+    """The stream this process trains from: the one whose dataset() was built last since init()
+    (a batch observer until terminate_config_initializer()), or None."""
+    return next((o for o in batch_events.observers() if isinstance(o, PartitionedStream)), None)
