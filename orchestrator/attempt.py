@@ -104,7 +104,7 @@ class Attempt:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True, text=True, errors="replace")
         echo = (lambda text: print(f"[rank 0] {text}", flush=True)) if self.spec.echo else None
-        reader = threading.Thread(target=split_output, args=(self.proc.stdout, self.dir, self._heard_line, self._beat, echo),
+        reader = threading.Thread(target=split_output, args=(self.proc.stdout, self.dir, self.record_line, self._beat, echo),
                                   daemon=True)
         reader.start()
         try:
@@ -132,15 +132,18 @@ class Attempt:
         assert self.ended is not None
         self.ended.host = host
 
-    def _heard_line(self, rank, text):
+    def record_line(self, rank, text: str) -> None:
+        """A line of `rank`'s output (or mpiexec's: rank LAUNCHER), kept in its tail."""
         self.tails[rank].append(text)
 
     def _beat(self, rank, text):
-        """Records one heartbeat of `rank` and keeps the last in the run directory."""
         beat = Heartbeat.parse(text)
-        if beat is None:
-            return  # cut short by a dying rank
-        now = time.monotonic()
+        if beat is not None:  # else cut short by a dying rank
+            self.record_beat(rank, beat, time.monotonic())
+
+    def record_beat(self, rank: int, beat: Heartbeat, now: float) -> None:
+        """Records one heartbeat of `rank`, arrived at `now` (time.monotonic()), and keeps the last
+        in the run directory."""
         with self._lock:
             previous = self.beats.get(rank)
             if previous is not None and previous.exiting:
@@ -155,7 +158,7 @@ class Attempt:
             json.dump(beat.to_dict(), f)
         os.replace(path + ".tmp", path)
 
-    def _hung(self, now):
+    def hung(self, now: float) -> Tuple[Optional[str], Optional[int], Optional[str]]:
         """Why the attempt is stuck, with the rank to blame, once some rank passed the hang timeout;
         else (None, None). A rank that ticks no more (frozen, dead, or on a host cut off) explains
         the others stalling in a collective, so silent ranks are blamed first, as a whole host when
@@ -221,14 +224,14 @@ class Attempt:
                 # has seen its end (a fixed pause lost a rank's last beat on a busy machine). Bounded:
                 # a process the job left behind may hold the pipe open.
                 reader.join(timeout=READER_DRAIN_S)
-                return self._ended(code)
+                return self.judge_end(code)
             if self.interrupt.signal is not None:
                 if self.stopping is None and self.interrupt.count == 1 and self.all_ranks_beat():
                     self.request_stop()
                 elif (self.stopping is None or self.interrupt.count > 1
                       or now - self.stopping > self.spec.stop_timeout):
                     return AttemptEnd(False, f"interrupted by signal {self.interrupt.signal}", interrupted=True)
-            why, rank, lost = self._hung(now)
+            why, rank, lost = self.hung(now)
             if why is not None:
                 self._dump_stacks()
                 return AttemptEnd(False, why, rank=rank, host=lost or self.host_of(rank), host_lost=bool(lost))
@@ -236,7 +239,7 @@ class Attempt:
             if self.on_tick is not None and self.resizing is None:
                 self.on_tick(self)
             if tty or now - last_line >= self.spec.progress_every:
-                self._progress_line(tty)
+                self.progress_line(tty)
                 last_line = now
             time.sleep(0.25)
 
@@ -303,7 +306,10 @@ class Attempt:
             return "; its process is gone"
         return f"; its process is {status}" if status else ""
 
-    def _ended(self, code):
+    def judge_end(self, code: int, now: Optional[float] = None) -> AttemptEnd:
+        """How the attempt ended, mpiexec having exited with `code` at `now` (default: now), from
+        the ranks' beats and the output's tails."""
+        now = time.monotonic() if now is None else now
         beats = dict(self.beats)
         unfinished = [r for r, b in sorted(beats.items()) if not b.exiting]
         launcher = "\n".join(self.tails[LAUNCHER])
@@ -323,7 +329,6 @@ class Attempt:
             # The host that fell silent first is the one lost; the others' ranks were killed after. Beats
             # come at most twice a second, so silences within one tick are a tie: an elastic job's ranks
             # on a host its discovery (run again now) no longer lists are the suspects first.
-            now = time.monotonic()
             usable = self.usable_hosts() if self.usable_hosts else None
             gone = [r for r in unfinished if usable is not None and beats[r].host not in usable]
             first = max(gone or unfinished, key=lambda r: now - self.heard[r])
@@ -331,7 +336,6 @@ class Attempt:
                                   f"{beats[first].host or '?'} (rank {first}) fell silent first, "
                                   f"{now - self.heard[first]:.0f} s before the end (a lost host?)",
                            rank=first, exit_code=0, host=beats[first].host, host_lost=True, ranks=[first])
-        now = time.monotonic()
         cause = judge(Evidence(
             code, launcher, {r: "\n".join(self.tails[r]) for r in range(self.np)}, {r: b.host for r, b in beats.items()},
             unfinished, quiet=sorted((r for r in unfinished if now - self.heard[r] > 3 * self.tick),
@@ -340,7 +344,8 @@ class Attempt:
         return AttemptEnd(False, cause.reason, rank=cause.rank, exit_code=code, host=cause.host, host_lost=cause.host_lost,
                        ranks=cause.ranks)
 
-    def _progress_line(self, tty):
+    def progress_line(self, tty: bool) -> None:
+        """Rank 0's step, speed, loss and ETA: a bar redrawn in place on a terminal, else a log line."""
         beat = self.beats.get(0)
         if not beat:
             return

@@ -66,7 +66,7 @@ def latest_checkpoint(directory):
     return complete[-1].dense_prefix, complete[-1].step
 
 
-def _why_none(directory):
+def why_none(directory: str) -> str:
     """Why the checkpoints of `directory` are not complete (the newest's problems), when it has any."""
     try:
         found = checkpoints.find_checkpoints(directory) if os.path.isdir(directory) else []
@@ -128,7 +128,7 @@ class Supervisor:
             if attempt.stopping is not None:
                 return self._stopped_on_request(attempt, end, started, where)
             if end.ok and not attempt.stopped_for_resize():
-                self._summary(started, end)
+                self.write_summary(started, end)
                 return 0
             self._steps_lost(attempt, step)
             if end.ok:
@@ -158,7 +158,7 @@ class Supervisor:
             self._cool_down(end)
         if failures == self.spec.max_restarts:
             log(f"giving up after {attempt.number + 1} attempt(s) (--max-restarts {self.spec.max_restarts}){where}")
-            self._summary(started, end)
+            self.write_summary(started, end)
             return 1
         # Doubling waits: a host that is down, or a cause that persists, is not retried in a burst
         # that spends every restart within a second.
@@ -166,7 +166,7 @@ class Supervisor:
         log(f"restarting the job in {delay:.0f} s (attempt {attempt.number + 1} of "
             f"{self.spec.max_restarts + 1 + resizes}) from "
             + (f"{last} (step {step})" if last else "the start (no complete checkpoint"
-               + (f" in {self.spec.checkpoint_dir}{_why_none(self.spec.checkpoint_dir)})"
+               + (f" in {self.spec.checkpoint_dir}{why_none(self.spec.checkpoint_dir)})"
                   if self.spec.checkpoint_dir else ", no --checkpoint-dir)")))
         if not self._wait(delay, interrupt):
             log(f"stopped: interrupted by signal {interrupt.signal} before the restart{where}")
@@ -181,7 +181,7 @@ class Supervisor:
             return 130
         log(f"stopped: asked to by signal {attempt.interrupt.signal}; every rank saved and exited at step "
             f"{attempt.last_step()}{where}")
-        self._summary(started, end)
+        self.write_summary(started, end)
         return 0
 
     def _steps_lost(self, attempt, resumed_step):
@@ -236,7 +236,7 @@ class Supervisor:
                   f"(--elastic-timeout)" + (f"; hosts lost: {', '.join(lost)}" if lost else "")
                   + f"; usable now: {self.watch.placement().describe() or 'none'}")
         log(f"giving up: {reason}")
-        self._summary(started, AttemptEnd(False, reason))
+        self.write_summary(started, AttemptEnd(False, reason))
         return 1
 
     @staticmethod
@@ -260,7 +260,8 @@ class Supervisor:
         for line in (list(lines)[-20:] if rank is None else without_mpi_banners(list(lines))[-12:]):
             print(f"    {line}", file=sys.stderr)
 
-    def _summary(self, started: float, end: AttemptEnd) -> None:
+    def write_summary(self, started: float, end: AttemptEnd) -> None:
+        """summary.json in the run directory: how the job ended (`end`), from time.monotonic() `started`."""
         last_beats = self.attempts[-1].beats if self.attempts else {}
         summary = RunSummary(
             ok=end.ok, attempts=len(self.attempts), restarts=max(0, len(self.attempts) - 1),

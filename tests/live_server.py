@@ -1,5 +1,6 @@
 """shardrec-serve as a test runs it: the real command in a process of its own, on a free localhost
-port, spoken to over HTTP with `requests` (tests/test_live_serving.py, the demo's test)."""
+port, spoken to over HTTP with `requests` (tests/test_live_serving.py, the demo's test); its
+figures read from /metrics; clients that send requests until stopped."""
 import os
 import subprocess
 import sys
@@ -80,3 +81,48 @@ class LiveServer:
                 self.proc.send_signal(sig)
             self.proc.wait(timeout=30)
         self._reader.join(timeout=5)
+
+
+def metric(server, name) -> float:
+    """The value of `name` on the server's /metrics (its first sample)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+class Clients:
+    """Threads that send predict requests until stopped, each response kept with its version;
+    connection errors (the server restarting) counted, not kept."""
+
+    def __init__(self, url_of, ids, threads=3):
+        self.url_of, self.ids, self.responses, self.refused = url_of, ids, [], 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self):
+        session = requests.Session()
+        body = {"inputs": {"ids": self.ids.tolist()}}
+        while not self._stop.is_set():
+            try:
+                r = session.post(f"{self.url_of()}/v1/models/model:predict", json=body, timeout=30)
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
+                # refused, or cut mid-response by the SIGKILL
+                self.refused += 1
+                time.sleep(0.05)
+                continue
+            if r.status_code == 200:
+                out = r.json()["outputs"]
+                self.responses.append((int(r.headers["X-Model-Version"]), np.asarray(out["emb"], np.float32),
+                                       np.asarray(out["w"], np.float32)))
+
+    def seen(self, wanted) -> bool:
+        """Whether a response of a version for which wanted(version) holds came back."""
+        return any(wanted(v) for v, _, _ in list(self.responses))
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)

@@ -113,3 +113,14 @@ def kill_during_save(nprocs, job, args, sparse_dir, timeout=240):
     shutil.rmtree(session_files, ignore_errors=True)
     assert running, "the job ended before its save began"
 
+
+def small_disk(path, megabytes):
+    """A tmpfs of `megabytes` at `path` (root), or a command prefix that makes one in a user and
+    mount namespace of the job's own where this process may not mount."""
+    path.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                          capture_output=True)
+    if made.returncode == 0:
+        return None
+    return ["unshare", "--map-root-user", "--mount", "sh", "-c",
+            f"mount -t tmpfs -o size={megabytes}m tmpfs {path} && exec \"$0\" \"$@\""]

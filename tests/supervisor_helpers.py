@@ -65,3 +65,4 @@ def attempt_pids(run, attempt):
 def assert_gone(pids):
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+

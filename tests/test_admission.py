@@ -19,59 +19,16 @@ from shardrec.rank_runtime.process import lifecycle
 sys.path.insert(0, JOBS)
 import admission_train as job  # noqa: E402
 
-STEP_EVICTIONS = {s for s in range(1, job.STEPS) if s % job.STEP_INTERVAL == 0}
-
-
-def _run(out, ranks, mode, *args, tag=None):
-    check(mpiexec(ranks, "admission_train.py", out, mode, *args, *(["--tag", tag] if tag else []), timeout=600))
-    return [dict(np.load(out / f"{tag or mode}-rank{r}.npz")) for r in range(ranks)]
-
-
-def _joined(parts, name):
-    return np.concatenate([p[name] for p in parts])
-
-
-def _by_key(parts, key_name, *names):
-    keys = _joined(parts, key_name).tolist()
-    assert len(keys) == len(set(keys)), "a key is held by two ranks"
-    return {k: tuple(v) for k, v in zip(keys, zip(*(_joined(parts, n).tolist() for n in names)))}
-
-
-def check_against_oracle(parts, mode, evict_before):
-    """The table's keys, counts, last-seen timestamps and pending keys at the end, and every
-    training lookup's rows (zeros before admission, the initial value in the step of admission)."""
-    ids, ts = job.stream()
-    access, eviction = job.THRESHOLDS[mode]
-    model, admitted, held = oracle.run(ids, ts, access, eviction, evict_before)
-    assert _by_key(parts, "keys", "counts", "last_seen") == {k: tuple(v) for k, v in model.rows.items()}
-    assert _by_key(parts, "pending_keys", "pending_counts", "pending_last_seen") == {
-        k: tuple(v) for k, v in model.pending.items()}
-    zeros = fresh = 0
-    for part in parts:
-        start = int(part["start"])
-        for j, (step_ids, rows) in enumerate(zip(part["ids"], part["embs"])):
-            s = start + j
-            for key, row in zip(step_ids.reshape(-1).tolist(), rows.reshape(-1, job.DIM)):
-                if key in admitted[s]:
-                    np.testing.assert_array_equal(row, job.INIT, err_msg=f"key {key} admitted at step {s}")
-                    fresh += 1
-                elif key not in held[s]:
-                    np.testing.assert_array_equal(row, 0.0, err_msg=f"key {key} not admitted at step {s}")
-                    zeros += 1
-    assert zeros > 0 and fresh > 0
-    return model
-
-
 def test_admission_gives_rows_to_exactly_the_keys_seen_threshold_times_globally(tmp_path):
-    parts = _run(tmp_path, 2, "admit")
-    model = check_against_oracle(parts, "admit", set())
+    parts = oracle.run_job(tmp_path, 2, "admit")
+    model = oracle.check_against_oracle(parts, "admit", set())
     counts = {}
     for sample in job.stream()[0].reshape(-1).tolist():
         counts[sample] = counts.get(sample, 0) + 1
     assert set(model.rows) == {k for k, c in counts.items() if c >= 3}
     assert set(model.pending) == {k for k, c in counts.items() if c < 3} != set()
     # Evaluation reads the admitted rows and zeros for the rest; the job checked that it counted nothing.
-    values = dict(zip(_joined(parts, "keys").tolist(), _joined(parts, "values")))
+    values = dict(zip(oracle.joined(parts, "keys").tolist(), oracle.joined(parts, "values")))
     for key, row in zip(job.eval_ids().reshape(-1).tolist(), parts[0]["eval_rows"].reshape(-1, job.DIM)):
         np.testing.assert_array_equal(row, values.get(key, np.zeros(job.DIM, np.float32)))
     for part in parts:
@@ -83,34 +40,34 @@ def test_admission_gives_rows_to_exactly_the_keys_seen_threshold_times_globally(
 @pytest.fixture(scope="module")
 def step_eviction(tmp_path_factory):
     out = tmp_path_factory.mktemp("evict_steps")
-    return out, _run(out, 2, "evict_steps")
+    return out, oracle.run_job(out, 2, "evict_steps")
 
 
 def test_eviction_by_step_interval_evicts_exactly_the_old_keys_on_every_rank(step_eviction):
     _, parts = step_eviction
     for part in parts:
-        assert set(part["evicted_at"].tolist()) == STEP_EVICTIONS
-    model = check_against_oracle(parts, "evict_steps", STEP_EVICTIONS)
+        assert set(part["evicted_at"].tolist()) == oracle.STEP_EVICTIONS
+    model = oracle.check_against_oracle(parts, "evict_steps", oracle.STEP_EVICTIONS)
     evicted = {k for _, k in model.evicted}
     returned = {k for s, k in model.evicted if any(k in a for a in oracle.run(
-        *job.stream(), *job.THRESHOLDS["evict_steps"], STEP_EVICTIONS)[1][s:])}
+        *job.stream(), *job.THRESHOLDS["evict_steps"], oracle.STEP_EVICTIONS)[1][s:])}
     assert {1, 8, 15, 22} & returned, "the stream brings evicted keys back"
     assert int(sum(p["counters"][2] for p in parts)) == len(model.evicted) and evicted
     assert int(sum(p["counters"][3] for p in parts)) > 0, "evicted rows are reused"
 
 
 def test_eviction_by_time_interval_happens_in_the_same_round_on_every_rank(tmp_path):
-    parts = _run(tmp_path, 2, "evict_time")
+    parts = oracle.run_job(tmp_path, 2, "evict_time")
     steps = parts[0]["evicted_at"].tolist()
     assert all(p["evicted_at"].tolist() == steps for p in parts)
     # The interval passes during the sleep after step 20; the first eviction follows it.
     assert steps and min(steps) > job.SLEEP_AFTER, steps
-    check_against_oracle(parts, "evict_time", set(steps))
+    oracle.check_against_oracle(parts, "evict_time", set(steps))
 
 
 def test_eviction_with_dynamic_expansion_gives_the_same_exact_sets(tmp_path):
-    parts = _run(tmp_path, 2, "evict_steps", "--expand")
-    check_against_oracle(parts, "evict_steps", STEP_EVICTIONS)
+    parts = oracle.run_job(tmp_path, 2, "evict_steps", "--expand")
+    oracle.check_against_oracle(parts, "evict_steps", oracle.STEP_EVICTIONS)
 
 
 @pytest.mark.parametrize("ranks,prefetch", [(1, 1), (2, 1), (3, 1), (2, 6)])
@@ -119,18 +76,18 @@ def test_restore_between_two_evictions_into_any_rank_count_changes_nothing(step_
     (prefetch); the save takes them back, and the resumed run ends exactly as the uninterrupted one."""
     first = tmp_path / "first"
     first.mkdir()
-    stopped = _run(first, 2, "evict_steps", "--stop-at", 20, "--prefetch", prefetch, tag="first")
+    stopped = oracle.run_job(first, 2, "evict_steps", "--stop-at", 20, "--prefetch", prefetch, tag="first")
     assert all(int(p["looked_up"]) > 20 for p in stopped), "the pipeline had run ahead of the saved step"
 
-    resumed = _run(first, ranks, "evict_steps", tag=f"resumed{ranks}")
+    resumed = oracle.run_job(first, ranks, "evict_steps", tag=f"resumed{ranks}")
     assert all(int(p["start"]) == 20 for p in resumed)
-    check_against_oracle(resumed, "evict_steps", STEP_EVICTIONS)
+    oracle.check_against_oracle(resumed, "evict_steps", oracle.STEP_EVICTIONS)
     _, full = step_eviction
-    assert _by_key(resumed, "keys", "counts", "last_seen") == _by_key(full, "keys", "counts", "last_seen")
+    assert oracle.by_key(resumed, "keys", "counts", "last_seen") == oracle.by_key(full, "keys", "counts", "last_seen")
 
 
 def test_memory_stays_bounded_on_a_stream_of_new_keys_with_eviction(tmp_path):
-    parts = _run(tmp_path, 2, "churn")
+    parts = oracle.run_job(tmp_path, 2, "churn")
     for part in parts:
         rss, in_use = part["rss"], part["in_use"]
         assert len(rss) >= 50, len(rss)
@@ -500,9 +457,9 @@ def test_eviction_in_estimator_mode_checkpoints_the_exact_sets(tmp_path):
         shard = os.path.join(fmt.sparse_dir(latest), fmt.shard_name(r, 2))
         entry = fmt.read_manifest(shard).tables["emb"]
         parts.append({name: read_array(shard, item, name) for name, item in entry.files.items()})
-    model, _, _ = oracle.run(*job.stream(), *job.THRESHOLDS["evict_steps"], STEP_EVICTIONS)
-    assert _by_key(parts, "keys", "counts", "last_seen") == {k: tuple(v) for k, v in model.rows.items()}
-    assert _by_key(parts, "pending_keys", "pending_counts", "pending_last_seen") == {
+    model, _, _ = oracle.run(*job.stream(), *job.THRESHOLDS["evict_steps"], oracle.STEP_EVICTIONS)
+    assert oracle.by_key(parts, "keys", "counts", "last_seen") == {k: tuple(v) for k, v in model.rows.items()}
+    assert oracle.by_key(parts, "pending_keys", "pending_counts", "pending_last_seen") == {
         k: tuple(v) for k, v in model.pending.items()}
     assert model.evicted
     _served_rows_are_the_admitted_keys_rows(latest, parts, model, tmp_path)

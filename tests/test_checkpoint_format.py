@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from mpi_helpers import check, mpiexec
-from test_incremental import JOB, assert_same, gathered
+from incremental_helpers import JOB, assert_same, gathered
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "format-1")
 

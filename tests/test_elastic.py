@@ -5,7 +5,6 @@ then saves that step again at once, by the new world size. That save must replac
 the step, whatever world size wrote them, and a save killed half way must leave the step as it was.
 """
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,29 +12,14 @@ import contextlib
 import json
 import re
 
-import numpy as np
 import pytest
 
+from elastic_helpers import (assert_bitwise_same, assert_rows_equal, assert_same_training, beat_step, by_hand, rows_of,
+                             started)
 from mpi_helpers import check, kill_during_save, mpiexec
+from waits import wait_for
 
 RUN_CKPT = os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt")
-
-
-def rows_of(directory, name, table="emb"):
-    """Every rank's rows of `table` in checkpoint `name` of `directory`, by key, read as
-    shardrec-ckpt export reads them (no TensorFlow)."""
-    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
-
-    arrays = table_rows(find_checkpoints(os.path.join(directory, name))[0], table)
-    order = np.argsort(arrays["keys"])
-    pending = np.argsort(arrays["pending_keys"]) if "pending_keys" in arrays else None
-    return {k: v[pending] if k.startswith("pending") else v[order] for k, v in arrays.items()}
-
-
-def assert_rows_equal(got, want):
-    assert sorted(got) == sorted(want)
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def inspect(directory):
@@ -138,77 +122,6 @@ def elastic_args(script, *extra):
             *extra)
 
 
-def started(run, attempt):
-    """(np, hosts, resumed_from) of an attempt, from its command.json."""
-    with open(run / f"attempt-{attempt}" / "command.json") as f:
-        c = json.load(f)
-    return c["np"], c["hosts"], c["resume_from"]
-
-
-def beat_step(run, attempt, rank=0):
-    try:
-        with open(run / f"attempt-{attempt}" / "heartbeat" / f"rank-{rank}.json") as f:
-            return json.load(f).get("step") or 0
-    except (OSError, ValueError):
-        return 0
-
-
-def by_hand(tmp, name, source, step, ranks, stop, env=None):
-    """The supervisor's test job run by hand on `ranks` from checkpoint `step` of the directory
-    `source` (copied) up to step `stop`: what a user restarting on those ranks gets. Returns (its
-    checkpoint directory, its output directory)."""
-    ckpt, out = tmp / f"{name}-ckpt", tmp / f"{name}-out"
-    ckpt.mkdir()
-    out.mkdir()
-    prefix = f"model.ckpt-{step}"
-    for entry in os.listdir(source):
-        if entry.startswith(prefix + ".") or entry == f"sparse-{prefix}":
-            copy = shutil.copytree if os.path.isdir(source / entry) else shutil.copy
-            copy(source / entry, ckpt / entry)
-    (ckpt / "checkpoint").write_text(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
-    if env and "SSD_DIR" in env:
-        env = dict(env, SSD_DIR=str(tmp / f"{name}-ssd"))
-        os.mkdir(env["SSD_DIR"])
-    check(mpiexec(ranks, "supervised_train.py", ckpt, out, env={"STOP_AT": str(stop), **(env or {})}, timeout=300))
-    return ckpt, out
-
-
-def assert_same_training(elastic_ckpt, tmp, restored, grown_at, out, env=None, ranks=(1, 2)):
-    """The elastic job, segment by segment, against a user restarting by hand from the same
-    checkpoints: `ranks` (fewer, more). The fewer from `restored` to `grown_at` (the same dense
-    variables, bitwise, and the same rows of every key the job's checkpoint holds: a run stopped by
-    its step hook also saves the keys its prefetched batches added, with their initial rows), then
-    the more from the job's checkpoint of `grown_at` to the end (everything bitwise)."""
-    import tensorflow as tf
-
-    fewer, more = ranks
-    hand_ckpt, _ = by_hand(tmp, "hand-1", elastic_ckpt, restored, fewer, grown_at, env)
-    name = f"model.ckpt-{grown_at}"
-    np.testing.assert_array_equal(tf.train.load_variable(str(hand_ckpt / name), "w"),
-                                  tf.train.load_variable(str(elastic_ckpt / name), "w"))
-    got, want = rows_of(elastic_ckpt, name), rows_of(hand_ckpt, name)
-    at = np.minimum(np.searchsorted(want["keys"], got["keys"]), len(want["keys"]) - 1)
-    lacking = got["keys"][want["keys"][at] != got["keys"]]
-    assert not len(lacking), f"keys of the job's checkpoint that the user's lacks: {lacking[:10]}"
-    for what in got:
-        if what.startswith("pending"):  # keys still counting, in key order (rows_of)
-            np.testing.assert_array_equal(got[what], want[what], err_msg=what)
-        else:
-            np.testing.assert_array_equal(got[what], want[what][at], err_msg=what)
-    _, hand_out = by_hand(tmp, "hand-2", elastic_ckpt, grown_at, more, 30, env)
-    assert_bitwise_same(out, hand_out, range(more))
-
-
-def assert_bitwise_same(out, reference, ranks=(0, 1)):
-    for rank in ranks:
-        got, want = np.load(out / f"final-rank{rank}.npz"), np.load(reference / f"final-rank{rank}.npz")
-        assert int(got["step"]) == int(want["step"])
-        np.testing.assert_array_equal(got["w"], want["w"])
-        order_got, order_want = np.argsort(got["keys"]), np.argsort(want["keys"])
-        np.testing.assert_array_equal(got["keys"][order_got], want["keys"][order_want])
-        np.testing.assert_array_equal(got["rows"][order_got], want["rows"][order_want], err_msg=f"rank {rank}")
-
-
 @pytest.mark.parametrize("tables", ["memory", "admission-eviction-ssd"])
 def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tables):
     """2 slots, then rank 1 dies at step 12 while discovery says 1 slot: the job goes on with 1 rank
@@ -222,9 +135,9 @@ def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tabl
     script, listing = discovery(tmp_path, "localhost:2\n")
     proc, out, run = start_elastic(tmp_path, "elastic", "1:12:kill", elastic_args(script), env=env)
     with stopped_at_the_end(proc):
-        wait_until(proc, lambda: beat_step(run, 0) >= 8)
+        wait_for(lambda: beat_step(run, 0) >= 8, proc, 240, "step 8")
         listing.write_text("localhost:1\n")  # one slot from now on, until the job runs on it
-        wait_until(proc, lambda: beat_step(run, 1) >= 13)
+        wait_for(lambda: beat_step(run, 1) >= 13, proc, 240, "step 13 of attempt 1")
         listing.write_text("localhost:2\n")
         _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-5000:]
@@ -245,9 +158,10 @@ def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tabl
     # twice a second, so the last step or two before the kill may not have been heard).
     first = summary["attempt_list"][0]
     assert first["reached_step"] in (10, 11, 12) and first["steps_lost"] == first["reached_step"] - 10, first
-    if first["steps_lost"]:
-        assert (f"{first['steps_lost']} step(s) lost: the ranks had reached step {first['reached_step']}, the next "
-                "attempt resumes from step 10") in stderr
+    lost = re.findall(r"(\d+) step\(s\) lost: the ranks had reached step (\d+), the next attempt resumes from step 10",
+                      stderr)
+    # Said exactly when steps were lost (a kill heard right after the save loses none).
+    assert lost == ([(str(first["steps_lost"]), str(first["reached_step"]))] if first["steps_lost"] else []), lost
     if env:
         got = rows_of(tmp_path / "elastic-ckpt", f"model.ckpt-{grown_at}")
         assert {"counts", "last_seen", "pending_keys"} <= set(got) and got["counts"].min() >= 2, sorted(got)
@@ -266,7 +180,7 @@ def test_a_script_that_does_not_save_when_its_loop_ends_grows_from_its_last_chec
     script, listing = discovery(tmp_path, "localhost:1\n")
     proc, out, run = start_elastic(tmp_path, "elastic", None, elastic_args(script), env=env, np=1)
     with stopped_at_the_end(proc):
-        wait_until(proc, lambda: beat_step(run, 0) >= 4)
+        wait_for(lambda: beat_step(run, 0) >= 4, proc, 240, "step 4")
         listing.write_text("localhost:2\n")
         _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-5000:]
@@ -298,7 +212,7 @@ def test_the_first_attempt_waits_for_np_slots_then_later_ones_for_min_np(tmp_pat
     proc, out, run = start_elastic(tmp_path, "waits", None, elastic_args(script), step_delay="0")
     with stopped_at_the_end(proc):
         said = "1 slot(s) usable (localhost (1)), fewer than -np 2 (to start with); waiting up to 600 s"
-        wait_until(proc, lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text())
+        wait_for(lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text(), proc, 240, said)
         assert not (run / "attempt-0").exists()
         listing.write_text("localhost:2\n")
         _, stderr = proc.communicate(timeout=240)
@@ -327,22 +241,13 @@ def stopped_at_the_end(proc):
             proc.communicate()
 
 
-def wait_until(proc, done, seconds=240):
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-4000:]
-        time.sleep(0.1)
-
-
 def test_below_min_np_for_longer_than_the_elastic_timeout_the_job_fails_naming_the_hosts_lost(tmp_path):
     from supervisor_helpers import assert_gone, attempt_pids
 
     script, listing = discovery(tmp_path, "localhost:2\n")
     proc, _, run = start_elastic(tmp_path, "starved", "1:6:kill", elastic_args(script, "--elastic-timeout", 4))
     with stopped_at_the_end(proc):
-        wait_until(proc, lambda: beat_step(run, 0) >= 2)
+        wait_for(lambda: beat_step(run, 0) >= 2, proc, 240, "step 2")
         listing.write_text("")  # the host goes as rank 1 dies
         _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-4000:]
@@ -360,13 +265,12 @@ def test_a_discovery_script_that_fails_hangs_or_prints_garbage_is_named_and_the_
     mode = tmp_path / "mode"
     proc, out, run = start_elastic(tmp_path, "flaky", None, elastic_args(script), step_delay="0.5")
     with stopped_at_the_end(proc):
-        wait_until(proc, lambda: beat_step(run, 0) >= 2)
+        wait_for(lambda: beat_step(run, 0) >= 2, proc, 240, "step 2")
         for what, said in (("fail", "exit status 3: inventory down"),
                            ("garbage", "line 1 'not a host!' is not `host` or `host:slots` (slots >= 1)"),
                            ("hang", "no answer in 10 s")):
             mode.write_text(what)
-            wait_until(proc, lambda: said in (run / "hosts.log").read_text() if (run / "hosts.log").exists() else False,
-                       60)
+            wait_for(lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text(), proc, 60, said)
         mode.write_text("")
         _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-4000:]

@@ -14,13 +14,11 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_helpers import check, kill_during_save, mpiexec
-from test_tiers import _small_disk
+from incremental_helpers import JOB, assert_same, gathered
+from mpi_helpers import check, kill_during_save, mpiexec, small_disk
 
-JOB = "incremental_job.py"
 CHAIN = "f4,d8,d12,f16,d20,d24"  # deltas across evictions (every 8 steps) and admissions
 FULL = "f12,f16,f20,f24"
-ARRAYS = ("values", "LazyAdam_m", "LazyAdam_v", "counts", "last_seen")
 
 
 def train(directory, n, saves, *extra):
@@ -42,27 +40,6 @@ def restored(tmp, n, paths, tag="r", extra=()):
     """What `n` ranks hold after restoring each of `paths`: [table dict] (every rank's rows by key)."""
     check(mpiexec(n, JOB, tmp, "restore", "--paths", ",".join(paths), "--tag", tag, *extra))
     return [gathered(tmp, f"{tag}-{i}", n) for i in range(len(paths))]
-
-
-def gathered(directory, tag, n):
-    parts = [np.load(f) for f in sorted(glob.glob(os.path.join(directory, f"{tag}-rank*-of{n}.npz")))]
-    assert len(parts) == n
-    keys = np.concatenate([p["keys"] for p in parts])
-    order = np.argsort(keys)
-    out = {"keys": keys[order], **{a: np.concatenate([p[a] for p in parts])[order] for a in ARRAYS}}
-    pending = np.concatenate([p["pending_keys"] for p in parts])
-    by = np.argsort(pending)
-    out["pending"] = np.stack([pending[by], *(np.concatenate([p[f"pending_{a}"] for p in parts])[by].astype(np.int64)
-                                              for a in ("counts", "last_seen"))])
-    out["w"], out["step"] = parts[0]["w"], parts[0]["step"]
-    assert all(np.array_equal(p["w"], out["w"]) for p in parts)
-    return out
-
-
-def assert_same(a, b, what):
-    assert len(a["keys"]) > 20, what
-    for name in a:
-        assert np.array_equal(a[name], b[name]), f"{what}: {name} differs"
 
 
 @pytest.mark.parametrize("saved_by,restored_into", [(1, 1), (1, 2), (2, 2), (2, 1), (2, 3)])
@@ -179,7 +156,7 @@ def test_a_delta_on_a_full_disk_fails_on_every_rank_and_the_next_save_is_full(tm
     leaves nothing listed; step 16 stays the latest; the next save (asked as a delta) is a full one,
     and equals the full save of its step."""
     small = tmp_path / "small"
-    wrapper = _small_disk(small, 8)
+    wrapper = small_disk(small, 8)
     try:
         proc = check(mpiexec(2, JOB, small, "train", "--saves", CHAIN, "--fill-after", "16", "--catch", wrapper=wrapper))
         refused = re.findall(r"SAVE-REFUSED rank=(\d) step=(\d+): (.*)", proc.stdout)

@@ -12,9 +12,11 @@ import time
 import psutil
 import pytest
 
+from elastic_helpers import assert_rows_equal, assert_same_training, beat_step, rows_of, started
 from netns_hosts import NetnsHosts
 from shardrec.orchestrator.supervisor import latest_checkpoint
 from supervisor_helpers import RUN, assert_gone, assert_same_final_state, attempt_pids, job_args, run_env, train
+from waits import wait_for
 
 
 @pytest.fixture
@@ -44,14 +46,6 @@ def start_job(tmp, hosts, name, extra):
     proc = subprocess.Popen(hosts.inside(0, [RUN, *map(str, args)]), env=run_env(STEP_DELAY_S="0.4"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, out, run, tmp / f"{name}-ckpt"
-
-
-def wait_for(done, proc, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert proc.poll() is None, proc.communicate()[1][-4000:]
-        assert time.monotonic() < deadline, f"{what} did not happen in {seconds} s"
-        time.sleep(0.1)
 
 
 def wait_for_checkpoint(ckpt, step, proc):
@@ -133,8 +127,6 @@ def test_a_three_host_elastic_job_shrinks_to_two_and_grows_back_to_three(tmp_pat
 
 def lose_a_host_and_get_it_back(tmp_path, hosts, n):
     """n hosts of one slot each; the last one is lost after checkpoint 10 and comes back."""
-    from test_elastic import assert_rows_equal, assert_same_training, beat_step, rows_of, started
-
     names = hosts.names[:n]
     lost = names[-1]
     listing = tmp_path / "hosts-now"

@@ -189,3 +189,26 @@ def test_an_estimator_export_names_a_receiver_feature_the_model_does_not_read(tr
     with pytest.raises(ValueError, match=r"receiver's feature\(s\) \['clicks'\] are not used by the model"):
         Estimator(model_fn, model_dir=str(d / "model")).export_saved_model(str(tmp_path / "exports"), receiver)
     assert not (tmp_path / "exports").exists() or os.listdir(tmp_path / "exports") == []
+
+
+def test_an_export_graph_and_a_training_graph_built_at_once_each_keep_their_tables(trained, runtime):
+    """An export names the graph it builds: there create_table and sparse_lookup make stock ops
+    from the checkpoint; in a training graph built meanwhile they make a trained shard, as ever."""
+    from shardrec.rank_runtime.embedding.table import EmbeddingTable, create_table
+    from shardrec.rank_runtime.pipeline.lookup import sparse_lookup
+    from shardrec.rank_runtime.serving.export import export_in
+    from shardrec.rank_runtime.serving.stock_table import StockTable
+
+    _, ranks = trained
+    export_graph = tf.Graph()
+    export_in(export_graph, ranks[0]["checkpoint"])
+    with export_graph.as_default():
+        stock = create_table(tf.int64, 8, "emb", tf.compat.v1.zeros_initializer())
+    trained_table = create_table(tf.int64, 8, "emb", tf.compat.v1.zeros_initializer())  # the runtime's graph
+    with export_graph.as_default():
+        rows = sparse_lookup(stock, tf.compat.v1.placeholder(tf.int64, [None, 5]), name="served")
+    assert type(stock) is StockTable and type(trained_table) is EmbeddingTable
+    assert rows.shape.as_list() == [None, 5, 8]
+    assert not [op.type for op in export_graph.get_operations() if "shardrec" in op.type.lower()]
+    with pytest.raises(RuntimeError, match="already an export's"):
+        export_in(export_graph, ranks[0]["checkpoint"])

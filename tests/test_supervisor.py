@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from elastic_helpers import beat_step
 from mpi_helpers import JOBS, segments_left_behind
+from waits import wait_for
 from shardrec.orchestrator.job_kill import segments_now as shm_segments_now
 from shardrec.rank_runtime.formats.heartbeat_format import MARK, Heartbeat
 from supervisor_helpers import (JOB, RUN, assert_gone, assert_same_final_state, attempt_pids, run_env, shardrec_run,
@@ -132,48 +134,62 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
     assert not (tmp_path / "run").exists(), "nothing started"
 
 
-def _supervised_until_checkpoint(tmp_path, env, *extra):
-    import time
-
-    ckpt, out, run = tmp_path / "ckpt", tmp_path / "out", tmp_path / "run"
+def _supervised(tmp_path, env, ready, what):
+    """The test job under shardrec-run on 2 ranks, once ready(run directory) holds; returns (the
+    supervisor's process, its stderr file, the checkpoint, output and run directories)."""
+    ckpt, out, run, err = tmp_path / "ckpt", tmp_path / "out", tmp_path / "run", tmp_path / "supervisor.err"
     out.mkdir()
-    proc = subprocess.Popen([RUN, "-np", "2", "--checkpoint-dir", ckpt, "--run-dir", run, "--hang-timeout", "600",
-                             *extra, "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (ckpt / "checkpoint").exists():
-        time.sleep(0.2)
-    time.sleep(3)
-    return proc, ckpt, out, run
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([RUN, "-np", "2", "--checkpoint-dir", ckpt, "--run-dir", run, "--hang-timeout", "600",
+                                 "--", sys.executable, JOB, ckpt, out], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    wait_for(lambda: ready(run), proc, 120, what)
+    return proc, err, ckpt, out, run
+
+
+def _rank_stopped(run, rank):
+    """Whether the rank (its pid from its beats) is stopped (SIGSTOP)."""
+    import psutil
+
+    directory = run / "attempt-0" / "heartbeat"
+    try:
+        pid = json.loads((directory / f"rank-{rank}.json").read_text())["pid"]
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except (OSError, ValueError, KeyError, psutil.NoSuchProcess):
+        return False
 
 
 def test_a_second_sigterm_stops_every_rank_at_once_and_says_where_the_last_checkpoint_is(tmp_path):
     """Rank 1 freezes: the first SIGTERM's request to save and stop cannot be met (and the job would
     not end by itself before the hang timeout); the second stops every process."""
     import signal
-    import time
 
-    proc, _, _, run = _supervised_until_checkpoint(tmp_path, run_env(fault="1:12:stop"))
+    proc, err, _, _, run = _supervised(tmp_path, run_env(fault="1:12:stop"),
+                                       lambda run: (tmp_path / "ckpt" / "checkpoint").exists() and _rank_stopped(run, 1),
+                                       "a checkpoint, then rank 1 frozen")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(2)
+    said = "signal 15: every rank finishes its step, saves and stops (within 120 s; a second signal stops them at once)"
+    wait_for(lambda: said in err.read_text(), proc, 60, "the first SIGTERM's stop request")
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    stderr = err.read_text()
     assert proc.returncode == 130, stderr[-3000:]
-    assert "signal 15: every rank finishes its step, saves and stops (within 120 s; a second signal stops them at " \
-           "once)" in stderr, stderr[-3000:]
     assert re.search(r"stopped: interrupted by signal 15; every rank is stopped; the last complete checkpoint is "
                      r"\S+model.ckpt-\d+ \(step \d+\)", stderr), stderr[-3000:]
     assert_gone(attempt_pids(run, 0))
 
 
 def test_sigterm_makes_every_rank_finish_its_step_save_and_exit_0(tmp_path):
-    """The job (a step every 0.3 s) gets one SIGTERM: its ranks end their input at the same batch, the
-    script saves that step when its loop ends, and the supervisor exits 0 naming the checkpoint."""
+    """The job (a step every 0.3 s) gets one SIGTERM once every rank passed step 5: its ranks end their
+    input at the same batch, the script saves that step when its loop ends, and the supervisor exits 0
+    naming the checkpoint."""
     import signal
 
-    proc, ckpt, out, run = _supervised_until_checkpoint(tmp_path, run_env(STEP_DELAY_S="0.3"))
+    proc, err, _, out, run = _supervised(tmp_path, run_env(STEP_DELAY_S="0.3"),
+                                         lambda run: min(beat_step(run, 0, r) for r in (0, 1)) >= 5,
+                                         "step 5 on both ranks")
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    stderr = err.read_text()
     assert proc.returncode == 0, stderr[-3000:]
     found = re.search(r"stopped: asked to by signal 15; every rank saved and exited at step (\d+); the last complete "
                       r"checkpoint is \S+model.ckpt-(\d+) \(step (\d+)\)", stderr)
@@ -225,20 +241,31 @@ def test_an_estimator_job_resumes_by_itself_after_a_rank_is_killed(tmp_path):
     np.testing.assert_allclose(got_w, want_w, atol=1e-5)
 
 
-def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_path, capsys):
-    import time
-
+def _attempt(tmp_path, np, beats, started=1000.0, usable_hosts=None, **spec):
+    """An attempt of `np` ranks started at `started` that heard `beats`, (rank, Heartbeat, time) each
+    in order, as its output reader records them (a beat of unchanged progress is a tick)."""
     from shardrec.orchestrator.attempt import Attempt
     from shardrec.orchestrator.job_spec import JobSpec
 
-    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None)
-    attempt.started = time.monotonic() - 10
-    attempt.beats[0] = Heartbeat(step=15, total_steps=30, samples_per_s=1234.4, loss=0.25)
-    attempt._progress_line(tty=True)
+    attempt = Attempt(JobSpec(command=["true"], np=np, run_dir=str(tmp_path), **spec), 0, None, None,
+                      usable_hosts=usable_hosts)
+    attempt.started = started
+    for rank, beat, at in beats:
+        attempt.record_beat(rank, beat, at)
+    return attempt
+
+
+def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_path, capsys):
+    import time
+
+    now = time.monotonic()
+    attempt = _attempt(tmp_path, 2, [(0, Heartbeat(step=15, total_steps=30, samples_per_s=1234.4, loss=0.25), now)],
+                       started=now - 10)
+    attempt.progress_line(tty=True)
     line = capsys.readouterr().err
     assert re.fullmatch(r"\r\[shardrec-run\] attempt 0 on 2 rank\(s\)  \[##########\.{10}\]  step 15/30  1234 samples/s  "
                         r"loss 0\.2500  ETA (9|10) s\x1b\[K", line), repr(line)
-    attempt._progress_line(tty=False)  # not a terminal: a plain log line, no bar
+    attempt.progress_line(tty=False)  # not a terminal: a plain log line, no bar
     plain = capsys.readouterr().err
     assert re.search(r"\] attempt 0 on 2 rank\(s\)  step 15/30  1234 samples/s  loss 0\.2500  ETA (9|10) s\n$", plain), plain
 
@@ -246,42 +273,36 @@ def test_the_progress_line_has_a_bar_step_speed_loss_and_eta_on_a_terminal(tmp_p
 def test_ranks_still_finishing_after_one_exited_get_a_grace_but_silence_counts_at_once(tmp_path):
     """Closing a session and tearing MPI / Horovod down over TCP can take seconds once a peer has
     exited (seen in the 2-host test: 10 s in Session.close): that is not a hang until the grace ends."""
-    from shardrec.orchestrator.attempt import FINISH_GRACE_S, Attempt
-    from shardrec.orchestrator.job_spec import JobSpec
+    from shardrec.orchestrator.attempt import FINISH_GRACE_S
 
-    attempt = Attempt(JobSpec(command=["true"], np=3, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
-    attempt.started = now = 1000.0
-    attempt.beats = {0: Heartbeat(host="a", exiting=True), 1: Heartbeat(host="a"), 2: Heartbeat(host="a")}
-    attempt.heard = {0: now, 1: now + 25, 2: now + 25}
-    attempt.moved = {0: now, 1: now, 2: now}
-    assert attempt._hung(now + 25) == (None, None, None)  # 25 s without progress, still ticking, rank 0 done
-    attempt.heard = {0: now, 1: now + FINISH_GRACE_S, 2: now + FINISH_GRACE_S}
-    why, rank, _ = attempt._hung(now + FINISH_GRACE_S + 1)
+    now, a = 1000.0, Heartbeat(host="a")
+    started = [(0, Heartbeat(host="a", exiting=True), now), (1, a, now), (2, a, now)]
+    attempt = _attempt(tmp_path, 3, started + [(1, a, now + 25), (2, a, now + 25)], hang_timeout=10)
+    assert attempt.hung(now + 25) == (None, None, None)  # 25 s without progress, still ticking, rank 0 done
+    for rank in (1, 2):
+        attempt.record_beat(rank, a, now + FINISH_GRACE_S)
+    why, rank, _ = attempt.hung(now + FINISH_GRACE_S + 1)
     assert rank in (1, 2) and f"did not finish within {FINISH_GRACE_S + 1:.0f} s of its last progress, while rank(s) " \
                               "[0] had exited" in why
-    attempt.heard[2] = now + 5  # rank 2 fell silent: counted at the hang timeout, grace or not
-    why, rank, _ = attempt._hung(now + 16)
+    # Rank 2 fell silent: counted at the hang timeout, grace or not.
+    attempt = _attempt(tmp_path, 3, started + [(2, a, now + 5), (1, a, now + 16)], hang_timeout=10)
+    why, rank, _ = attempt.hung(now + 16)
     assert rank == 2 and why.startswith("rank 2 on host a sent no heartbeat for 11 s (hang timeout 10 s)")
 
 
 def test_a_job_whose_stream_has_no_new_data_is_waiting_not_hung_but_silence_counts(tmp_path):
     """A rank whose stream has nothing new says so in its beats; it and the ranks waiting for it in
     the key exchange make no progress by design. A silent rank is still hung at the hang timeout."""
-    from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.job_spec import JobSpec
+    now, waiting, a = 1000.0, Heartbeat(host="a", waiting_for_data=True), Heartbeat(host="a")
 
-    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
-    attempt.started = now = 1000.0
-    attempt.beats = {0: Heartbeat(host="a", waiting_for_data=True), 1: Heartbeat(host="a")}
-    attempt.heard = {0: now + 99, 1: now + 99}
-    attempt.moved = {0: now, 1: now}
-    assert attempt._hung(now + 100) == (None, None, None)  # 100 s without progress, both ticking
-    attempt.beats[0] = Heartbeat(host="a")  # data again, and still no progress: stalled
-    why, rank, _ = attempt._hung(now + 100)
+    def ticking(rank0, last1=now + 99):
+        return _attempt(tmp_path, 2, [(0, rank0, now), (1, a, now), (0, rank0, now + 99), (1, a, last1)],
+                        hang_timeout=10)
+
+    assert ticking(waiting).hung(now + 100) == (None, None, None)  # 100 s without progress, both ticking
+    why, rank, _ = ticking(a).hung(now + 100)  # data again, and still no progress: stalled
     assert rank in (0, 1) and "made no progress for 100 s (hang timeout 10 s)" in why, why
-    attempt.beats[0] = Heartbeat(host="a", waiting_for_data=True)
-    attempt.heard[1] = now + 80
-    why, rank, _ = attempt._hung(now + 100)
+    why, rank, _ = ticking(waiting, last1=now + 80).hung(now + 100)
     assert rank == 1 and why.startswith("rank 1 on host a sent no heartbeat for 20 s (hang timeout 10 s)"), why
 
 
@@ -289,21 +310,16 @@ def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp
     """Before its first heartbeat a rank is importing TensorFlow and joining MPI, which a busy
     machine can make longer than a short hang timeout (seen with two test files side by side):
     silence counts from START_GRACE_S then; once heard from, the hang timeout applies."""
-    from shardrec.orchestrator.attempt import START_GRACE_S, Attempt
-    from shardrec.orchestrator.job_spec import JobSpec
+    from shardrec.orchestrator.attempt import START_GRACE_S
 
-    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path), hang_timeout=10), 0, None, None)
-    attempt.started = now = 1000.0
-    attempt.beats = {0: Heartbeat(host="a")}
-    attempt.heard = {0: now + 29}
-    attempt.moved = {0: now + 29}
-    assert attempt._hung(now + 30) == (None, None, None)  # rank 1 silent 30 s since the start: still starting
-    why, rank, _ = attempt._hung(now + START_GRACE_S + 1)
+    now, a = 1000.0, Heartbeat(host="a")
+    attempt = _attempt(tmp_path, 2, [(0, a, now + 29)], hang_timeout=10)
+    assert attempt.hung(now + 30) == (None, None, None)  # rank 1 silent 30 s since the start: still starting
+    why, rank, _ = attempt.hung(now + START_GRACE_S + 1)
     assert rank == 1 and why.startswith(f"rank 1 sent no heartbeat for {START_GRACE_S + 1:.0f} s"), why
-    attempt.heard[1] = attempt.moved[1] = now + 30
-    attempt.beats[1] = Heartbeat(host="a")
-    attempt.heard[0] = attempt.moved[0] = now + 40
-    why, rank, _ = attempt._hung(now + 41)
+    attempt.record_beat(1, a, now + 30)
+    attempt.record_beat(0, Heartbeat(host="a", progress=1), now + 40)
+    why, rank, _ = attempt.hung(now + 41)
     assert rank == 1 and why.startswith("rank 1 on host a sent no heartbeat for 11 s (hang timeout 10 s)"), why
 
 # Both as Open MPI 5.0's mpiexec printed them in this project's two-host tests: which one comes
@@ -339,18 +355,13 @@ def test_an_elastic_job_blames_the_host_its_discovery_no_longer_lists_when_silen
     """mpiexec exited 0 naming no host: the rank silent longest is blamed, but silences within a
     heartbeat tick are a tie, so an elastic job blames first the ranks on a host that discovery no
     longer lists, even when the surviving host's rank was silent a little longer."""
-    import time
-
-    from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.job_spec import JobSpec
 
     def ended(usable_hosts):
-        attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
-                          usable_hosts=usable_hosts)
-        now = time.monotonic()
-        attempt.beats = {0: Heartbeat(rank=0, size=2, host="host-a"), 1: Heartbeat(rank=1, size=2, host="host-b")}
-        attempt.heard = {0: now - 1.2, 1: now - 0.9}
-        return attempt._ended(0)
+        now = 1000.0
+        attempt = _attempt(tmp_path, 2, [(0, Heartbeat(rank=0, size=2, host="host-a"), now - 1.2),
+                                         (1, Heartbeat(rank=1, size=2, host="host-b"), now - 0.9)],
+                           usable_hosts=usable_hosts)
+        return attempt.judge_end(0, now)
 
     without = ended(None)
     assert (without.rank, without.host, without.host_lost) == (0, "host-a", True), without
@@ -373,22 +384,18 @@ otherwise exiting without calling MPI_FINALIZE first).
 
 
 def _ended_attempt(tmp_path, code, rank_lines, launcher="", usable_hosts=None, silent_for=(0.5, 0.5)):
-    """Attempt._ended(code) of a two-rank, two-host attempt (rank 0 on a, rank 1 on b) whose ranks
+    """Attempt.judge_end(code) of a two-rank, two-host attempt (rank 0 on a, rank 1 on b) whose ranks
     printed rank_lines (rank -> text) and mpiexec printed `launcher`."""
-    import time
+    from shardrec.orchestrator.mpiexec_output import LAUNCHER
 
-    from shardrec.orchestrator.attempt import Attempt
-    from shardrec.orchestrator.job_spec import JobSpec
-
-    attempt = Attempt(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)), 0, None, None,
-                      usable_hosts=usable_hosts)
-    now = time.monotonic()
-    attempt.beats = {0: Heartbeat(rank=0, size=2, host="a"), 1: Heartbeat(rank=1, size=2, host="b")}
-    attempt.heard = {0: now - silent_for[0], 1: now - silent_for[1]}
-    for rank, text in rank_lines.items():
-        attempt.tails[rank].extend(text.splitlines())
-    attempt.tails["mpiexec"].extend(launcher.splitlines())
-    return attempt._ended(code)
+    now = 1000.0
+    attempt = _attempt(tmp_path, 2, [(0, Heartbeat(rank=0, size=2, host="a"), now - silent_for[0]),
+                                     (1, Heartbeat(rank=1, size=2, host="b"), now - silent_for[1])],
+                       usable_hosts=usable_hosts)
+    for rank, text in [*rank_lines.items(), (LAUNCHER, launcher)]:
+        for line in text.splitlines():
+            attempt.record_line(rank, line)
+    return attempt.judge_end(code, now)
 
 
 @pytest.mark.parametrize("usable", [None, lambda: {"a"}])
@@ -428,28 +435,28 @@ def test_the_summary_names_the_lost_host_and_its_ranks(tmp_path):
 
     outcome = _ended_attempt(tmp_path, 14, {0: _PEER_HUNG_UP})
     sup = Supervisor(JobSpec(command=["true"], np=2, run_dir=str(tmp_path)))
-    sup._summary(0.0, outcome)
+    sup.write_summary(0.0, outcome)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["lost_host"], summary["failed_ranks"], summary["ok"]) == ("b", [1], False), summary
     assert summary["reason"] == outcome.reason
 
 
 def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_complete(reference_run, tmp_path):
-    """_why_none, the reason a restart line gives for going back to step 0: nothing for no
+    """why_none, the reason a restart line gives for going back to step 0: nothing for no
     checkpoint; the newest one's problems when none is complete; when one is complete by the time
     it looks again (a rank still wrote there), that one."""
     import shutil
 
-    from shardrec.orchestrator.supervisor import _why_none
+    from shardrec.orchestrator.supervisor import why_none
 
-    assert _why_none(str(tmp_path / "absent")) == ""
+    assert why_none(str(tmp_path / "absent")) == ""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(reference_run[1].parent / "ref-ckpt", ckpt)
     newest = max((p for p in os.listdir(ckpt) if p.startswith("sparse-")), key=lambda p: int(p.rsplit("-", 1)[1]))
-    assert _why_none(str(ckpt)) == f"; a second look finds {newest[len('sparse-'):]} complete"
+    assert why_none(str(ckpt)) == f"; a second look finds {newest[len('sparse-'):]} complete"
     for meta in ckpt.glob("*.meta"):
         meta.unlink()
-    why = _why_none(str(ckpt))
+    why = why_none(str(ckpt))
     count = sum(1 for p in os.listdir(ckpt) if p.startswith("sparse-"))
     assert why.startswith(f"; {count} incomplete, the newest {newest[len('sparse-'):]}: "), why
     assert f"{newest[len('sparse-'):]}.meta: missing" in why, why

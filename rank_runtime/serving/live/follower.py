@@ -106,6 +106,7 @@ class Follower(threading.Thread):
             if step > newest and self.refused.get(path) != _identity(path):
                 if self._apply(path, in_place=True):
                     newest = step
+        self.served.metrics.polls.inc()
 
     def _apply(self, path: str, in_place: bool) -> bool:
         started = time.monotonic()

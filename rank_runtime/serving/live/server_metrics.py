@@ -23,6 +23,8 @@ class ServerMetrics:
                                                buckets=_LATENCY_BUCKETS, registry=r)
         self.refused = prom.Counter("shardrec_serve_refused_checkpoints", "Checkpoints not applied (damaged, "
                                     "incomplete, a broken chain, another model's)", registry=r)
+        self.polls = prom.Counter("shardrec_serve_model_dir_polls", "Looks at the model directory for "
+                                  "checkpoints newer than the version served", registry=r)
         self.served_age = prom.Gauge("shardrec_serve_version_committed_timestamp_seconds", "When the version "
                                      "served was committed by the training job", registry=r)
 
