@@ -16,6 +16,7 @@ incomplete or damaged (or the table is missing), 2 on bad arguments.
 import argparse
 import os
 import sys
+from typing import List, Optional
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def _describe(ckpt):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="shardrec-ckpt", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)

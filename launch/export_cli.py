@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+from typing import Callable, List, Optional
 
 _FEATURE = re.compile(r"([A-Za-z_][\w./-]*)=(\w+)\[([-\d, ]*)\]")
 
@@ -62,7 +63,7 @@ def _load_function(spec):
     return fn
 
 
-def as_outputs_fn(fn, params):
+def as_outputs_fn(fn: Callable, params: Optional[dict]) -> Callable[[dict], dict]:
     """features -> outputs from either an Estimator model_fn (its PREDICT spec's predictions) or a
     Session-mode function."""
     import tensorflow as tf
@@ -81,7 +82,7 @@ def as_outputs_fn(fn, params):
     return outputs
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="shardrec-export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="+", help="a model directory (its newest checkpoint), a checkpoint prefix, or "

@@ -33,6 +33,7 @@ import shutil
 import socket
 import sys
 import time
+from typing import List, Optional, Tuple
 
 from shardrec.orchestrator.elastic import ElasticSpec
 from shardrec.orchestrator.job_spec import JobSpec
@@ -52,7 +53,7 @@ def _check_command(command):
             raise ValueError(f"{args[0]!r}: no such script (relative to {os.getcwd()})")
 
 
-def host_names(hosts, hostfile):
+def host_names(hosts: Optional[str], hostfile: Optional[str]) -> List[Tuple[str, str]]:
     """(name, where it was given) of every host in -H and the hostfile."""
     names = [(h.split(":")[0], "-H") for h in (hosts or "").split(",") if h.strip()]
     if hostfile:
@@ -170,7 +171,7 @@ def _check_elastic(p, args):
                 "its last checkpoint")
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
     run_dir = args.run_dir or os.path.join("shardrec-runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     spec = JobSpec(command=args.command, np=args.np, run_dir=os.path.abspath(run_dir), max_restarts=args.max_restarts,

@@ -15,9 +15,10 @@ import argparse
 import os
 import signal
 import sys
+from typing import List, Optional
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shardrec-serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("saved_model", help="a SavedModel written by shardrec-export (or Estimator.export_saved_model)")
@@ -38,7 +39,7 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import tensorflow as tf
 

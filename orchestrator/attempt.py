@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import psutil
 
@@ -28,7 +28,7 @@ START_GRACE_S = 60.0  # how long a rank may take to send its first heartbeat, ha
 READER_DRAIN_S = 10.0  # how long the end of the ranks' output may take to arrive once mpiexec exited
 
 
-def log(text):
+def log(text: str) -> None:
     print(f"[shardrec-run {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
@@ -42,8 +42,8 @@ class Attempt:
         self.spec, self.number, self.resume_from, self.interrupt = spec, number, resume_from, interrupt
         self.placement, self.on_tick, self.usable_hosts = placement, on_tick, usable_hosts
         self.np = placement.np if placement else spec.np
-        self.resizing = None     # why the supervisor asked the ranks to save and stop, once it did
-        self.stopping = None     # when the supervisor asked the ranks to save and stop for good (SIGTERM)
+        self.resizing: Optional[str] = None  # why the supervisor asked the ranks to save and stop, once it did
+        self.stopping: Optional[float] = None  # when the supervisor asked the ranks to save and stop for good (SIGTERM)
         self.history = history
         self.ended: Optional[AttemptEnd] = None  # once it has (run() returns it)
         self.dir = os.path.join(spec.run_dir, f"attempt-{number}")
@@ -60,7 +60,7 @@ class Attempt:
         # Ticks often enough that a silent rank stands out well within the hang timeout.
         self.tick = min(5.0, max(0.2, spec.hang_timeout / 6))
 
-    def command(self):
+    def command(self) -> List[str]:
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
         if mpiexec is None:
             raise FileNotFoundError("mpiexec not found next to this Python or on PATH (scripts/bootstrap.sh installs it)")
@@ -132,7 +132,7 @@ class Attempt:
         assert self.ended is not None
         self.ended.host = host
 
-    def record_line(self, rank, text: str) -> None:
+    def record_line(self, rank: Union[int, str], text: str) -> None:
         """A line of `rank`'s output (or mpiexec's: rank LAUNCHER), kept in its tail."""
         self.tails[rank].append(text)
 
@@ -243,11 +243,11 @@ class Attempt:
                 last_line = now
             time.sleep(0.25)
 
-    def all_ranks_beat(self):
+    def all_ranks_beat(self) -> bool:
         with self._lock:
             return len(self.beats) == self.np and not any(b.exiting for b in self.beats.values())
 
-    def request_resize(self, why):
+    def request_resize(self, why: str) -> None:
         """Asks every rank to save at the end of its current step and stop: SIGUSR2 to mpiexec, which
         forwards it to every rank on every host (rank_runtime/process/resize.py). Only once every rank beat:
         a rank that has not installed its handler yet would die of the signal."""
@@ -257,7 +257,7 @@ class Attempt:
         except OSError:
             pass
 
-    def request_stop(self):
+    def request_stop(self) -> None:
         """The first SIGTERM or SIGINT: every rank finishes its step, saves and exits, as for a resize;
         a second signal, or spec.stop_timeout without the job ending, stops every process at once."""
         self.stopping = time.monotonic()
@@ -268,18 +268,18 @@ class Attempt:
         except OSError:
             pass
 
-    def stopped_for_resize(self):
+    def stopped_for_resize(self) -> bool:
         """Whether the ranks confirmed that they stopped because the supervisor asked them to."""
         return self.resizing is not None and any(b.resize_stop for b in list(self.beats.values()))
 
-    def last_step(self):
+    def last_step(self) -> Optional[int]:
         """The furthest step any rank of this attempt reported."""
         steps = [b.step_or_batches() for b in list(self.beats.values())]
         steps = [s for s in steps if s is not None]
         return max(steps) if steps else None
 
-    def host_of(self, rank):
-        beat = self.beats.get(rank)
+    def host_of(self, rank: Optional[int]) -> Optional[str]:
+        beat = self.beats.get(rank) if rank is not None else None
         return beat.host if beat is not None and beat.host else None
 
     def _dump_stacks(self):
@@ -370,7 +370,7 @@ class Attempt:
         else:
             log(line)
 
-    def processes(self):
+    def processes(self) -> List[psutil.Process]:
         """Every process of this attempt still alive: mpiexec, its descendants, its session, and the
         ranks that reported their pid."""
         found = {}
@@ -395,7 +395,7 @@ class Attempt:
                     pass
         return [p for p in found.values() if p.pid != os.getpid()]
 
-    def stop(self):
+    def stop(self) -> None:
         """Kills every process of the attempt (a stopped rank too), checks that none survives, and
         removes the shared-memory segments they leave (job_kill.py)."""
         alive, removed = job_kill.kill_job(self.processes())

@@ -7,7 +7,9 @@ TensorFlow; tests/test_ckpt_cli.py checks this reader against checkpoints that t
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, List, Optional
+
+import numpy as np
 
 from shardrec.rank_runtime.formats import checkpoint_chain
 from shardrec.rank_runtime.formats import sparse_checkpoint as fmt
@@ -31,17 +33,17 @@ class Checkpoint:
     problems: list = field(default_factory=list)
 
     @property
-    def world_size(self):
+    def world_size(self) -> Optional[int]:
         sizes = {s.world_size for s in self.shards.values()}
         return sizes.pop() if len(sizes) == 1 else None
 
     @property
-    def step(self):
+    def step(self) -> Optional[int]:
         steps = {s.manifest.step for s in self.shards.values() if s.manifest}
         return steps.pop() if len(steps) == 1 else None
 
     @property
-    def kind(self):
+    def kind(self) -> Optional[str]:
         """FULL or DELTA (an incremental job's save of what changed since the one before)."""
         kinds = {s.manifest.kind for s in self.shards.values() if s.manifest}
         return kinds.pop() if len(kinds) == 1 else None
@@ -55,11 +57,11 @@ class Checkpoint:
         return None
 
     @property
-    def dense_prefix(self):
+    def dense_prefix(self) -> str:
         return os.path.join(os.path.dirname(self.sparse_dir), self.name)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not self.problems and all(not s.problems for s in self.shards.values())
 
 
@@ -75,11 +77,11 @@ def _dense_problems(prefix):
     return problems
 
 
-def read_checkpoint(sparse_dir, verify=True):
+def read_checkpoint(sparse_dir: str, verify: bool = True) -> "Checkpoint":
     """The checkpoint whose table shards lie in `sparse_dir` (<dir>/sparse-<name>)."""
     name = fmt.SPARSE_RE.fullmatch(os.path.basename(os.path.normpath(sparse_dir))).group(1)
     ckpt = Checkpoint(name, sparse_dir, {})
-    by_size = {}
+    by_size: Dict[int, List[str]] = {}
     for entry in sorted(os.listdir(sparse_dir)):
         m = fmt.SHARD_RE.fullmatch(entry)
         if m:
@@ -109,7 +111,7 @@ def read_checkpoint(sparse_dir, verify=True):
     return ckpt
 
 
-def find_checkpoints(path, verify=True):
+def find_checkpoints(path: str, verify: bool = True) -> List["Checkpoint"]:
     """Checkpoints at `path`: a model directory (all of them, oldest first), a sparse-<name>
     directory, or a dense checkpoint prefix such as <dir>/model.ckpt-100."""
     path = os.path.abspath(path)
@@ -133,7 +135,7 @@ def find_checkpoints(path, verify=True):
     return found
 
 
-def unfinished_saves(path):
+def unfinished_saves(path: str) -> List[str]:
     """The staging directories (.sparse-<name>.saving) of saves that did not finish in the model
     directory `path`: not checkpoints, and no checkpoint of the same name was changed by them."""
     if not os.path.isdir(path):
@@ -141,7 +143,7 @@ def unfinished_saves(path):
     return sorted(os.path.join(path, e) for e in os.listdir(path) if fmt.STAGING_RE.fullmatch(e))
 
 
-def table_rows(ckpt, table):
+def table_rows(ckpt: "Checkpoint", table: str) -> Dict[str, np.ndarray]:
     """{"keys", "values", <optimizer>.<slot>...}: every rank's rows of `table`, concatenated in
     rank order (a delta's: its chain's rows at its step), each array read and verified against its
     manifest. Raises CheckpointError."""

@@ -10,9 +10,9 @@ rank side saves there and stops).
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, List, Optional, Tuple
 
-from .hosts import Cooldowns, DiscoveryError, discover, place
+from .hosts import Cooldowns, DiscoveryError, Host, Placement, discover, place
 
 
 @dataclass
@@ -35,18 +35,18 @@ class HostWatch:
         """log: a line to the terminal; record: a file that keeps every line said of the hosts."""
         self.spec, self._log, self.record = spec, log, record
         self.cooldowns = Cooldowns(*spec.cooldown)
-        self.hosts = None             # the last good answer: [Host]
-        self._error = None            # the last error said, so that a lasting one is said once
+        self.hosts: Optional[List[Host]] = None  # the last good answer
+        self._error: Optional[str] = None  # the last error said, so that a lasting one is said once
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None
 
-    def log(self, text):
+    def log(self, text: str) -> None:
         self._log(text)
         with open(self.record, "a") as f:
             f.write(f"{time.strftime('%H:%M:%S')} {text}\n")
 
-    def refresh(self):
+    def refresh(self) -> Optional[List[Host]]:
         """Runs the script once; on failure says why and keeps the hosts known before."""
         try:
             hosts = discover(self.spec.discovery, self.spec.slots_per_host)
@@ -65,12 +65,13 @@ class HostWatch:
             self.hosts = hosts
         return hosts
 
-    def start(self):
+    def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._poll, daemon=True, name="host-discovery")
-        self._thread.start()
+        thread = threading.Thread(target=self._poll, daemon=True, name="host-discovery")
+        thread.start()
+        self._thread = thread
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
@@ -79,20 +80,20 @@ class HostWatch:
         while not self._stop.wait(self.spec.poll_every):
             self.refresh()
 
-    def placement(self):
+    def placement(self) -> Placement:
         """Where the ranks of an attempt started now would go (at most max_np of them)."""
         with self._lock:
             hosts = list(self.hosts or [])
         return place(hosts, self.cooldowns.cooling(), self.spec.max_np)
 
-    def needed(self, first):
+    def needed(self, first: bool) -> Tuple[int, str]:
         """(slots, the option that asks for them): horovodrun's rule, -np to start with, --min-np to
         go on with after a failure."""
         if first and self.spec.start_np:
             return self.spec.start_np, f"-np {self.spec.start_np} (to start with)"
         return self.spec.min_np, f"--min-np {self.spec.min_np}"
 
-    def wait_for_placement(self, interrupt, first=False):
+    def wait_for_placement(self, interrupt: Any, first: bool = False) -> Optional[Placement]:
         """A placement of at least the slots needed (needed(first)), waiting up to the elastic
         timeout; None when none came (or SIGINT / SIGTERM)."""
         need, option = self.needed(first)
@@ -114,7 +115,7 @@ class HostWatch:
                 return None
             time.sleep(min(1.0, self.spec.poll_every))
 
-    def can_grow(self, np):
+    def can_grow(self, np: int) -> Optional[Placement]:
         """The larger placement an attempt of `np` ranks could grow to now, else None."""
         if np >= self.spec.max_np:
             return None

@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 DISCOVERY_TIMEOUT_S = 10.0
 _LINE = re.compile(r"([A-Za-z0-9_.\-]+)(?::(\d+))?")
@@ -30,13 +31,13 @@ class Placement:
     hosts: tuple  # of Host, each with the slots this attempt uses
 
     @property
-    def np(self):
+    def np(self) -> int:
         return sum(h.slots for h in self.hosts)
 
-    def mpiexec_hosts(self):
+    def mpiexec_hosts(self) -> str:
         return ",".join(f"{h.name}:{h.slots}" for h in self.hosts)
 
-    def host_of_rank(self, rank):
+    def host_of_rank(self, rank: int) -> Optional[str]:
         """Open MPI's default mapping with -H: ranks fill each host's slots in turn."""
         for host in self.hosts:
             if rank < host.slots:
@@ -44,11 +45,11 @@ class Placement:
             rank -= host.slots
         return None
 
-    def describe(self):
+    def describe(self) -> str:
         return ", ".join(f"{h.name} ({h.slots})" for h in self.hosts)
 
 
-def parse_hosts(text, slots_per_host, source):
+def parse_hosts(text: str, slots_per_host: int, source: str) -> List["Host"]:
     """[Host] of a discovery script's output; DiscoveryError naming `source` and the line."""
     hosts = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -62,7 +63,7 @@ def parse_hosts(text, slots_per_host, source):
     return list(hosts.values())
 
 
-def discover(script, slots_per_host, timeout=DISCOVERY_TIMEOUT_S):
+def discover(script: str, slots_per_host: int, timeout: float = DISCOVERY_TIMEOUT_S) -> List["Host"]:
     """The hosts `script` lists now."""
     try:
         proc = subprocess.run([script], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -84,20 +85,20 @@ class Cooldowns:
         self.low, self.high = low, high
         self.failures, self.until = {}, {}
 
-    def failed(self, host, now=None):
+    def failed(self, host: str, now: Optional[float] = None) -> float:
         now = time.monotonic() if now is None else now
         self.failures[host] = self.failures.get(host, 0) + 1
         seconds = min(self.high, self.low * 2 ** (self.failures[host] - 1))
         self.until[host] = now + seconds
         return seconds
 
-    def cooling(self, now=None):
+    def cooling(self, now: Optional[float] = None) -> Dict[str, float]:
         """{host: seconds left} of the hosts still out."""
         now = time.monotonic() if now is None else now
         return {h: t - now for h, t in self.until.items() if t > now}
 
 
-def place(hosts, cooling, most):
+def place(hosts: List["Host"], cooling: Dict[str, float], most: int) -> Placement:
     """The placement of at most `most` ranks on `hosts` (in their order), leaving out those cooling."""
     chosen, left = [], most
     for host in hosts:

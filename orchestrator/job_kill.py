@@ -10,6 +10,7 @@ does both; the supervisor, the tests' helpers and bench/startup_loop.py use it.
 """
 import glob
 import os
+from typing import Iterable, List, Set, Tuple, Union
 
 import psutil
 
@@ -19,7 +20,7 @@ SHM = "/dev/shm"
 _KINDS = ("sm_segment.", "vader_segment.")
 
 
-def job_prefixes(processes) -> set:
+def job_prefixes(processes: Iterable[psutil.Process]) -> Set[str]:
     """The segment prefixes (`/dev/shm/sm_segment.<host>.<uid>.<jobid>.`) that `processes` (psutil
     Processes or pids) have mapped: the jobs they belong to."""
     found = set()
@@ -37,7 +38,7 @@ def job_prefixes(processes) -> set:
     return found
 
 
-def remove(prefixes) -> list:
+def remove(prefixes: Iterable[str]) -> List[str]:
     """Removes every segment file of the jobs `prefixes` name; returns the paths removed."""
     removed = []
     for prefix in prefixes:
@@ -55,7 +56,7 @@ def segments_now() -> set:
     return {e for e in os.listdir(SHM) if e.startswith(_KINDS)}
 
 
-def ask_for_stacks(processes) -> list:
+def ask_for_stacks(processes: Iterable[psutil.Process]) -> List[psutil.Process]:
     """SIGUSR1 to each of `processes` (a rank's init() makes it write its threads' stacks);
     returns those asked."""
     asked = []
@@ -68,19 +69,20 @@ def ask_for_stacks(processes) -> list:
     return asked
 
 
-def kill_job(processes, timeout=15.0):
+def kill_job(processes: Iterable[Union[psutil.Process, int]],
+             timeout: float = 15.0) -> Tuple[List[psutil.Process], List[str]]:
     """SIGKILLs `processes` (psutil Processes or pids), waits up to `timeout` seconds for them, and
     removes the shared-memory segments of their job. Returns (the processes still alive, not
     zombies; the segment files removed)."""
-    processes = [p if isinstance(p, psutil.Process) else _process(p) for p in processes]
-    processes = [p for p in processes if p is not None]
-    segments = job_prefixes(processes)
-    for p in processes:
+    found = [p if isinstance(p, psutil.Process) else _process(p) for p in processes]
+    procs = [p for p in found if p is not None]
+    segments = job_prefixes(procs)
+    for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
     alive = [p for p in alive if _running(p)]
     return alive, remove(segments)
 

@@ -13,7 +13,7 @@ a small type the supervisor logs and writes to summary.json.
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Optional, TextIO, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, TextIO, Union
 
 from shardrec.rank_runtime.formats.heartbeat_format import MARK
 
@@ -35,13 +35,13 @@ _REMOTE_HOST = re.compile(r"Remote host:\s+(\S+)|Remote daemon:\s+\S+ on node (\
 _PEER_HOST = re.compile(r"Peer host:\s+(\S+)")
 
 
-def lost_daemon_host(launcher_output):
+def lost_daemon_host(launcher_output: str) -> Optional[str]:
     """The host whose Open MPI daemon mpiexec says it lost or could not start, if it says so."""
     found = _REMOTE_HOST.search(launcher_output)
     return (found.group(1) or found.group(2)) if found else None
 
 
-def peer_hosts(text):
+def peer_hosts(text: str) -> List[str]:
     """The hosts that ranks' TCP transports say their peers hung up on, in order of report."""
     return list(dict.fromkeys(_PEER_HOST.findall(text)))
 
@@ -124,10 +124,10 @@ def _lost_host(ev, text, daemon):
     return host, said[host]
 
 
-def silent_host(quiet, hosts):
+def silent_host(quiet: Sequence[int], hosts: Dict[int, str]) -> Optional[str]:
     """The host whose every rank is quiet while some other host's rank is not, if there is one.
     quiet: ranks; hosts: rank -> host."""
-    by_host = {}
+    by_host: Dict[str, Set[int]] = {}
     for r, h in hosts.items():
         by_host.setdefault(h, set()).add(r)
     if len(by_host) < 2:
@@ -174,7 +174,7 @@ def split_output(stream: Iterable[str], directory: str, on_line: Callable[[Union
             f.close()
 
 
-def without_mpi_banners(lines):
+def without_mpi_banners(lines: Iterable[str]) -> List[str]:
     """A rank's last lines without Open MPI's boxed notices (MPI_ABORT ...), which say less than the
     rank's own last words."""
     out, inside = [], False

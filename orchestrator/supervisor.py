@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from typing import List
+from typing import List, Optional, Tuple
 
 from . import checkpoints, run_summary
 from .attempt import Attempt, log
@@ -56,7 +56,7 @@ class _Interrupt:
             signal.signal(s, handler)
 
 
-def latest_checkpoint(directory):
+def latest_checkpoint(directory: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
     """(dense prefix, step) of the newest complete checkpoint in `directory`, or (None, None)."""
     if not directory or not os.path.isdir(directory):
         return None, None

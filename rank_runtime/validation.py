@@ -1,5 +1,6 @@
 """Parameter checks that fail at graph-build time with the parameter, its value and what is allowed."""
 import numbers
+from typing import Any, Sequence, Tuple, Union
 
 INT32_MAX = 2**31 - 1
 
@@ -8,7 +9,7 @@ def _where(owner, name):
     return f"{owner}: parameter '{name}'" if owner else f"parameter '{name}'"
 
 
-def check_type(owner: str, name: str, value, types, allowed_text: str):
+def check_type(owner: str, name: str, value: Any, types: Union[type, Tuple[type, ...]], allowed_text: str) -> Any:
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise TypeError(f"{_where(owner, name)} must be {allowed_text}, got bool {value!r}")
     if not isinstance(value, types):
@@ -16,7 +17,7 @@ def check_type(owner: str, name: str, value, types, allowed_text: str):
     return value
 
 
-def check_int(owner: str, name: str, value, lo: int, hi: int) -> int:
+def check_int(owner: str, name: str, value: Any, lo: int, hi: int) -> int:
     """An int (not bool) in [lo, hi]."""
     check_type(owner, name, value, numbers.Integral, f"an int in [{lo}, {hi}]")
     if not lo <= value <= hi:
@@ -39,18 +40,18 @@ def check_number(owner: str, name: str, value, lo: float, hi: float, lo_open: bo
     return v
 
 
-def check_bool(owner: str, name: str, value) -> bool:
+def check_bool(owner: str, name: str, value: Any) -> bool:
     return check_type(owner, name, value, bool, "a bool")
 
 
-def check_choice(owner: str, name: str, value, choices):
+def check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> Any:
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{_where(owner, name)} = {value!r} is not allowed; allowed: {allowed}")
     return value
 
 
-def check_dtype(owner: str, name: str, value, allowed: tuple):
+def check_dtype(owner: str, name: str, value: Any, allowed: tuple) -> Any:
     """One of the TensorFlow dtypes `allowed` (a dtype or anything tf.as_dtype takes)."""
     import tensorflow as tf
 

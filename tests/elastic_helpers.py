@@ -1,6 +1,8 @@
-"""What the elastic tests share (test_elastic.py, test_multi_host.py): an attempt's start and its
-ranks' steps as the supervisor's run directory tells them, a checkpoint's rows as shardrec-ckpt
+"""What the elastic tests share (test_elastic.py, test_multi_host.py, test_stream.py): a discovery
+script the test rewrites, the supervisor stopped at the end, an attempt's start and its ranks' steps
+as the supervisor's run directory tells them, a checkpoint's rows as shardrec-ckpt
 reads them, and the elastic job compared with a user restarting by hand on the same ranks."""
+import contextlib
 import json
 import os
 import shutil
@@ -96,3 +98,32 @@ def assert_bitwise_same(out, reference, ranks=(0, 1)):
         order_got, order_want = np.argsort(got["keys"]), np.argsort(want["keys"])
         np.testing.assert_array_equal(got["keys"][order_got], want["keys"][order_want])
         np.testing.assert_array_equal(got["rows"][order_got], want["rows"][order_want], err_msg=f"rank {rank}")
+
+
+def discovery(tmp, text):
+    """A discovery script printing the file `hosts` (which the test rewrites), and that file."""
+    listing = tmp / "hosts"
+    listing.write_text(text)
+    script = tmp / "discover.sh"
+    script.write_text(f"#!/bin/sh\nmode=$(cat {tmp}/mode 2>/dev/null)\n"
+                      'case "$mode" in fail) echo "inventory down" >&2; exit 3;; hang) sleep 60;; '
+                      'garbage) echo "not a host!";; esac\n'
+                      f"cat {listing}\n")
+    script.chmod(0o755)
+    return script, listing
+
+
+def elastic_args(script, *extra):
+    return ("--host-discovery-script", script, "--min-np", 1, "--max-np", 2, "--blacklist-cooldown-range", 1, 5,
+            *extra)
+
+
+@contextlib.contextmanager
+def stopped_at_the_end(proc):
+    """The supervisor of a test that failed half way is killed, not left running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

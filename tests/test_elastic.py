@@ -8,14 +8,13 @@ import os
 import subprocess
 import sys
 
-import contextlib
 import json
 import re
 
 import pytest
 
-from elastic_helpers import (assert_bitwise_same, assert_rows_equal, assert_same_training, beat_step, by_hand, rows_of,
-                             started)
+from elastic_helpers import (assert_bitwise_same, assert_rows_equal, assert_same_training, beat_step, by_hand, discovery,
+                             elastic_args, rows_of, started, stopped_at_the_end)
 from mpi_helpers import check, kill_during_save, mpiexec
 from waits import wait_for
 
@@ -103,24 +102,6 @@ def test_restoring_a_model_directory_names_the_checkpoints_it_holds(tmp_path):
 
 
 # shardrec-run --host-discovery-script: the job shrinks onto the slots left and grows back.
-
-def discovery(tmp, text):
-    """A discovery script printing the file `hosts` (which the test rewrites), and that file."""
-    listing = tmp / "hosts"
-    listing.write_text(text)
-    script = tmp / "discover.sh"
-    script.write_text(f"#!/bin/sh\nmode=$(cat {tmp}/mode 2>/dev/null)\n"
-                      'case "$mode" in fail) echo "inventory down" >&2; exit 3;; hang) sleep 60;; '
-                      'garbage) echo "not a host!";; esac\n'
-                      f"cat {listing}\n")
-    script.chmod(0o755)
-    return script, listing
-
-
-def elastic_args(script, *extra):
-    return ("--host-discovery-script", script, "--min-np", 1, "--max-np", 2, "--blacklist-cooldown-range", 1, 5,
-            *extra)
-
 
 @pytest.mark.parametrize("tables", ["memory", "admission-eviction-ssd"])
 def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tables):
@@ -228,17 +209,6 @@ def start_elastic(tmp, name, fault, extra, step_delay="0.4", env=None, np=2):
     proc = subprocess.Popen([RUN, *map(str, args)], env=run_env(fault, STEP_DELAY_S=step_delay, **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, out, run
-
-
-@contextlib.contextmanager
-def stopped_at_the_end(proc):
-    """The supervisor of a test that failed half way is killed, not left running."""
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def test_below_min_np_for_longer_than_the_elastic_timeout_the_job_fails_naming_the_hosts_lost(tmp_path):

@@ -374,6 +374,8 @@ def test_the_discovery_script_answers_in_time_when_a_stopped_host_s_name_lookup_
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    assert got["lookup_s"] >= 7.0, got  # the hang this test is about happened
+    assert got["lookup_s"] >= 7.0, got  # the hang this test is about happened (the resolver's 2 x 4 s)
     assert got["code"] == 0 and got["stdout"] == "localhost\n", got
-    assert got["discovery_s"] < 6.0, got
+    # The script's 4 s deadline against the resolver's 8 s, two durations the test sets: it answered
+    # before the lookup alone would have.
+    assert got["discovery_s"] < got["lookup_s"], got

@@ -233,23 +233,33 @@ def _ids_up_to(ids_by_file, positions, files, directory):
     return np.concatenate(taken) if taken else np.zeros((0, FIELDS), np.int64)
 
 
-def _all_waiting(run, attempt, ranks):
-    """Whether a rank of the attempt waits for stream data, its step unchanged for 2 s."""
-    import json
+class _Drained:
+    """Whether the attempt's ranks have trained all there was: a rank waits for stream data, and a
+    later beat of every rank (the heartbeat's tick) finds the same steps, still waiting. Called
+    again and again (waits.wait_for): each call compares the beats with those of the first that
+    saw a rank waiting."""
 
-    def beats():
+    def __init__(self, run, attempt, ranks):
+        self.files = [run / f"attempt-{attempt}" / "heartbeat" / f"rank-{r}.json" for r in range(ranks)]
+        self.first = None
+
+    def _beats(self):
+        import json
+
         try:
-            return [json.loads((run / f"attempt-{attempt}" / "heartbeat" / f"rank-{r}.json").read_text())
-                    for r in range(ranks)]
+            return [json.loads(f.read_text()) for f in self.files]
         except (OSError, ValueError):
             return None
-    first = beats()
-    if not first or not any(b.get("waiting_for_data") for b in first):
-        return False
-    time.sleep(2)
-    again = beats()
-    return bool(again) and [b.get("step") for b in again] == [b.get("step") for b in first] and \
-        any(b.get("waiting_for_data") for b in again)
+
+    def __call__(self):
+        beats = self._beats()
+        if not beats or not any(b.get("waiting_for_data") for b in beats):
+            self.first = None
+            return False
+        if self.first is None or [b.get("step") for b in beats] != [b.get("step") for b in self.first]:
+            self.first = beats
+            return False
+        return all(b["time"] > a["time"] for a, b in zip(self.first, beats))
 
 
 @pytest.mark.parametrize("source", ["directory", "redis"])
@@ -269,7 +279,8 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
 
     from mpi_helpers import JOBS
     from supervisor_helpers import RUN, run_env
-    from test_elastic import beat_step, discovery, elastic_args, started, stopped_at_the_end, wait_until
+    from elastic_helpers import beat_step, discovery, elastic_args, started, stopped_at_the_end
+    from waits import wait_for
 
     ids_by_file = {}
     events(4, 5, 24, ids_by_file=ids_by_file)
@@ -293,13 +304,13 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
     proc = subprocess.Popen(list(map(str, cmd)), env=run_env(SHARDREC_METRICS_PORT=str(port)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     with stopped_at_the_end(proc):
-        wait_until(proc, lambda: beat_step(run, 0) >= 3)
+        wait_for(lambda: beat_step(run, 0) >= 3, proc, 240, "step 3")
         listing.write_text("localhost:1\n")
-        wait_until(proc, lambda: beat_step(run, 1) >= 8)
+        wait_for(lambda: beat_step(run, 1) >= 8, proc, 240, "step 8 of attempt 1")
         listing.write_text("localhost:2\n")
-        wait_until(proc, lambda: (run / "attempt-2" / "command.json").exists())
+        wait_for(lambda: (run / "attempt-2" / "command.json").exists(), proc, 240, "attempt 2")
         more()
-        wait_until(proc, lambda: _all_waiting(run, 2, 2))
+        wait_for(_Drained(run, 2, 2), proc, 240, "every record trained")
         figures = _scrape(port)  # rank 0 of attempt 2: one restart (the kill) and one resize (the grow) before
         assert [figures[(f"shardrec_supervisor_{n}", (("rank", "0"),))] for n in ("restarts", "resizes", "attempt")] \
             == [1, 1, 2], figures

@@ -16,6 +16,7 @@ lets the index drop the journal of steps trained (embedding_index.h). Evaluation
 never evict.
 """
 import time
+from typing import Any
 
 import tensorflow as tf
 
@@ -44,7 +45,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
         self._global_step = None
         self._last = None
 
-    def begin(self):
+    def begin(self) -> None:
         if not self.evict_enable:
             return
         self._global_step = tf.compat.v1.train.get_global_step()
@@ -53,7 +54,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                                "(tf.compat.v1.train.get_or_create_global_step()) and increment it in the train op, "
                                "as eviction counts steps with it")
 
-    def after_create_session(self, session, coord):
+    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         if not self.evict_enable:
             return
         # Tables get their thresholds when the key pipeline starts, which GraphModifierHook may do
@@ -75,17 +76,17 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                         self.evict_time_interval and f"{self.evict_time_interval} s") if w),
             ", ".join(f"{t.table_name} (eviction_threshold {t.thresholds.eviction} s)" for t in self._tables), step)
 
-    def end(self, session):
+    def end(self, session: tf.compat.v1.Session) -> None:
         # The channel outlives this graph (Estimator calls come and go): no schedule without the hook.
         if self._tables:
             get_world().exchanges[Channel.TRAIN].set_eviction(0)
 
-    def before_run(self, run_context):
+    def before_run(self, run_context: Any) -> Any:
         if not self.evict_enable or not self._tables:
             return None
         return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
-    def after_run(self, run_context, run_values):
+    def after_run(self, run_context: Any, run_values: Any) -> None:
         if not self.evict_enable or not self._tables:
             return
         # The step read with the train op may be the value before its increment: freeing a step

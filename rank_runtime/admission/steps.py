@@ -5,17 +5,19 @@ of training (embedding_index.h's journal). That needs one batch per global step,
 and MonitoredTrainingSession training gives; a session whose global step does not follow its
 batches (or that has none) keeps the count of the batches looked up, and saves the index as it is.
 """
+from typing import Any, Iterable, Optional
+
 import tensorflow as tf
 
 from ..formats.channel import Channel
 from ..process.world import get_world
 
 
-def counts_keys(tables) -> bool:
+def counts_keys(tables: Iterable[Any]) -> bool:
     return any(t.thresholds is not None and t.thresholds.counts for t in tables)
 
 
-def follow_global_step(session, tables) -> None:
+def follow_global_step(session: tf.compat.v1.Session, tables: Iterable[Any]) -> Optional[int]:
     """Numbers the training batches from `session`'s global step, if the graph has one and some
     table counts keys. Returns the step, or None."""
     step = tf.compat.v1.train.get_global_step(session.graph)

@@ -8,6 +8,7 @@ every key gets a row at once and nothing is counted. eviction_threshold e >= 0: 
 the keys whose last-seen data timestamp is at least e seconds older than the newest one seen.
 """
 from dataclasses import dataclass
+from typing import Any
 
 from ..formats.channel import Channel
 from ..embedding.row_store import row_init
@@ -20,19 +21,19 @@ class Thresholds:
     feature: str = ""  # the training feature they came from, named when another one disagrees
 
     @classmethod
-    def of_spec(cls, spec):
+    def of_spec(cls, spec: Any) -> "Thresholds":
         return cls(spec.access_threshold if spec.admission else -1,
                    spec.eviction_threshold if spec.eviction else -1, spec.name)
 
     @property
-    def counts(self):
+    def counts(self) -> bool:
         return self.access >= 0
 
     @property
-    def evicts(self):
+    def evicts(self) -> bool:
         return self.eviction >= 0
 
-    def describe(self):
+    def describe(self) -> str:
         return (f"access_threshold {self.access}, eviction_threshold {self.eviction}" if self.counts
                 else "no admission")
 

@@ -8,6 +8,7 @@ init(restore_model_version=S) makes the first restore of the process load the ch
 S instead of the latest; later ones (an evaluation after training) see the latest again.
 """
 import os
+from typing import Any
 
 from tensorflow.python.checkpoint import checkpoint_management
 
@@ -41,7 +42,7 @@ def restorable(path: str, cfg: config.RuntimeConfig) -> bool:
     return True
 
 
-def get_checkpoint_state(checkpoint_dir: str, latest_filename: str | None = None):
+def get_checkpoint_state(checkpoint_dir: str, latest_filename: str | None = None) -> Any:
     """TensorFlow's, except that model_checkpoint_path names the newest checkpoint whose table
     shards were all committed: rank 0 records a checkpoint before the other ranks may have
     finished theirs (or after one of them died saving). latest_checkpoint and the Estimator's and
@@ -94,6 +95,6 @@ def _of_step(state, paths, checkpoint_dir, cfg):
                           "restore_model_version out to restore the latest")
 
 
-def tf_get_checkpoint_state(checkpoint_dir: str, latest_filename: str | None = None):
+def tf_get_checkpoint_state(checkpoint_dir: str, latest_filename: str | None = None) -> Any:
     """TensorFlow's own get_checkpoint_state (tf_patches.py installs this module's in its place)."""
     return _TF_GET_CHECKPOINT_STATE(checkpoint_dir, latest_filename)

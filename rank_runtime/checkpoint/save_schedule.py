@@ -23,7 +23,7 @@ restore, and the first after a save that failed on any rank.
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional, Tuple
 
 from ..process import batch_events, config
 from .rank_agreement import AGREE_TIMEOUT_S
@@ -80,7 +80,7 @@ def plan_save(settings: config.IncrementalCheckpoints, chain, step: int, save_de
     return SavePlan(kind, int(next_step))
 
 
-def old_links(kinds: list, keep) -> int:
+def old_links(kinds: list, keep: Callable[[int], bool]) -> int:
     """How many of the oldest saves (`kinds`, oldest first) max_to_keep=`keep` lets go: the oldest
     save goes with the deltas right after it, which build on it, and only when none of them is
     among the `keep` newest. keep 0 or None: every save is kept."""
@@ -109,7 +109,7 @@ class SaveClock(batch_events.Observer):
         if event.channel == Channel.TRAIN:
             self.request_due_save(event.exchange)
 
-    def request_due_save(self, exchange) -> None:
+    def request_due_save(self, exchange: Any) -> None:
         """After each training batch: rank 0 of an incremental job asks for a save once
         save_delta_checkpoints_secs passed since the last save (or request, or the first batch). Never
         while a request is outstanding (its step not saved yet): the ranks read the requested step
@@ -141,7 +141,7 @@ def save_clock() -> SaveClock:
     return clock
 
 
-def asked_save_due(step: int, last_saved_step) -> bool:
+def asked_save_due(step: int, last_saved_step: Optional[int]) -> bool:
     """Whether the status round asked for a save that training reached at `step` and that no save
     since took."""
     asked = get_world().exchanges[Channel.TRAIN].save_request_step
@@ -159,18 +159,18 @@ class AgreedSaveTimer:
     def _next_step(self):
         return getattr(self._hook._get_saver(), "next_save_step", None)
 
-    def should_trigger_for_step(self, step):
+    def should_trigger_for_step(self, step: int) -> bool:
         if step == self._last:
             return False
         wanted = self._next_step()
         return wanted is None or step >= wanted or asked_save_due(step, self._last)
 
-    def update_last_triggered_step(self, step):
+    def update_last_triggered_step(self, step: int) -> Tuple[Optional[float], Optional[int]]:
         self._last = step
         return None, None
 
-    def last_triggered_step(self):
+    def last_triggered_step(self) -> Optional[int]:
         return self._last
 
-    def reset(self):
+    def reset(self) -> None:
         self._last = None

@@ -41,6 +41,7 @@ import os
 import shutil
 import time
 import zlib
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -84,7 +85,7 @@ class _NoDenseVariables(saver_lib.BaseSaverBuilder.SaveableObject):
                              name=self.NAME)
         super().__init__(tensor, [saver_lib.BaseSaverBuilder.SaveSpec(tensor, "", self.NAME)], self.NAME)
 
-    def restore(self, restored_tensors, restored_shapes):
+    def restore(self, restored_tensors: Any, restored_shapes: Any) -> tf.Operation:
         return tf.no_op(name=f"{self.NAME}_restore")
 
 
@@ -208,7 +209,7 @@ class Saver(_TFSaver):
             return Chain(chain.base, this, chain.full_time, step, now)
         return Chain(this, this, now, step, now)
 
-    def maybe_save(self, sess, save_path, global_step):
+    def maybe_save(self, sess: tf.compat.v1.Session, save_path: str, global_step: Any) -> Optional[str]:
         """For a plain Session loop of an incremental job: call after every step, on every rank. Saves
         (a full checkpoint or a delta, as init's timers say) at the steps the ranks agreed on, and
         returns the checkpoint's path; else returns None."""
@@ -279,7 +280,7 @@ class Saver(_TFSaver):
             self._kinds.pop(self._last_checkpoints[0][0], None)
             super()._MaybeDeleteOldCheckpoints(meta_graph_suffix)
 
-    def restore(self, sess, save_path):
+    def restore(self, sess: tf.compat.v1.Session, save_path: Optional[str]) -> None:
         if self._tables and save_path is not None:
             restore_tables(sess, [(save_path, self._tables)], f"Saver.restore({save_path!r})", check_dense=True)
         super().restore(sess, save_path)

@@ -1,4 +1,5 @@
 """A checkpoint's stream positions handed to the stream a restored job trains from."""
+from typing import Any
 from ..formats.sparse_checkpoint import CheckpointError, find_shards, read_manifest, sparse_dir
 from ..formats.stream_positions import merged
 from ..process import config
@@ -7,7 +8,7 @@ from ..process.logs import get_logger
 log = get_logger("shardrec.checkpoint")
 
 
-def restore_stream(stream, save_path: str) -> None:
+def restore_stream(stream: Any, save_path: str) -> None:
     """Every partition's position over the save's shards (each was read by one rank of the job
     that saved), and the partition whose file this rank's own save cut when the ranks are the same."""
     root = sparse_dir(save_path)

@@ -23,6 +23,7 @@ is checksummed or copied.
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tensorflow.python.checkpoint import checkpoint_management
@@ -162,7 +163,7 @@ def _each_file(plans, work, meanwhile=lambda: None):
             done.result()
 
 
-def verify(sess, plans: list) -> None:
+def verify(sess: Any, plans: list) -> None:
     """Reads every row file of `plans` through, checking it, and meanwhile gives the keys of each
     table that held none their rows (the key index alone is filled, no row is written: withdraw()
     empties it again should the checkpoint be refused)."""
@@ -186,7 +187,7 @@ def withdraw(plans: list) -> None:
             p.locations = None
 
 
-def load(sess, plans: list) -> None:
+def load(sess: Any, plans: list) -> None:
     """Streams the rows of every table in (see the module doc); the caller resets on failure."""
     for p in plans:
         if p.locations is None:
@@ -229,7 +230,7 @@ def _prepare(sess, p):
     p.locations = table.index.place(keys) if table.ssd is not None else table.index.lookup(keys, allocate=True)
 
 
-def reset(sess, tables: list) -> None:
+def reset(sess: Any, tables: list) -> None:
     """After a failed load: every table empty, its rows and slots at their initializers' values
     (a random initializer draws anew)."""
     for table in tables:
@@ -323,7 +324,8 @@ def _joined(parts):
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def restore_tables(sess, sources, what: str, values_only: bool = False, check_dense: bool = False) -> None:
+def restore_tables(sess: Any, sources: Any, what: str, values_only: bool = False,
+                   check_dense: bool = False) -> None:
     """Restores the tables of `sources`, [(checkpoint path, [tables])]. Every
     rank plans its part, then verifies its row files, and all agree after each: a damaged or
     missing file on any rank leaves every table as it was, on every rank. Then every rank streams

@@ -4,7 +4,7 @@ table.export and shardrec-ckpt). Keys and rows are taken under one hold of the i
 input pipeline, which may move rows between tiers, waits.
 """
 import os
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -21,7 +21,7 @@ SAVE_CHUNK_ROWS = 16384
 NO_STEP = 2**62
 
 
-def read_table_rows(sess, table) -> Dict[str, np.ndarray]:
+def read_table_rows(sess: Any, table: Any) -> Dict[str, np.ndarray]:
     """{"keys", "values", slot names...} of the keys this rank's shard holds, in row order, read
     from the native row store (no session run; `sess` is kept for callers)."""
     names = list(table.columns)
@@ -29,7 +29,7 @@ def read_table_rows(sess, table) -> Dict[str, np.ndarray]:
     return {"keys": state.keys, **dict(zip(names, columns))}
 
 
-def table_writer(table, step: Optional[int], mode: str = "plain") -> Callable[[str], TableEntry]:
+def table_writer(table: Any, step: Optional[int], mode: str = "plain") -> Callable[[str], TableEntry]:
     """write_shard's writer for one table: its keys, and its values and slot rows written by the
     native core straight from the store and the SSD tier into the files. With admission, the keys'
     counts and timestamps and the keys still counting, as of training step `step` (the batches the

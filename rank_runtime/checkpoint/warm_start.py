@@ -16,6 +16,7 @@ may be a directory (its latest checkpoint is used). var_name_to_prev_var_name re
 variables only: tables keep their names, and asking to rename one is an error.
 """
 import re
+from typing import Any
 
 import tensorflow as tf
 
@@ -33,7 +34,7 @@ def _as_list(value, n):
     return list(value) if isinstance(value, (list, tuple)) else [value] * n
 
 
-def entries(settings) -> list:
+def entries(settings: Any) -> list:
     """[(checkpoint path, selection, prev-name map)] from WarmStartSettings, lists or single."""
     if isinstance(settings, str):
         settings = tf.estimator.WarmStartSettings(ckpt_to_initialize_from=settings)
@@ -78,7 +79,7 @@ def _resolve(path):
     return path
 
 
-def plan(settings, graph: tf.Graph | None = None) -> list:
+def plan(settings: Any, graph: tf.Graph | None = None) -> list:
     """({dense variable: (path, name in checkpoint)}, {table: path}) for the tables and trainable
     variables of `graph`; the last entry selecting each wins."""
     graph = graph or tf.compat.v1.get_default_graph()
@@ -102,14 +103,14 @@ def plan(settings, graph: tf.Graph | None = None) -> list:
     return dense_from, tables_from
 
 
-def prepare(settings, graph: tf.Graph | None = None):
+def prepare(settings: Any, graph: tf.Graph | None = None) -> list:
     """Builds, while the graph can still change, the ops warm start needs for its tables."""
     _, tables_from = plan(settings, graph)
     for table in tables_from:
         table.init_ops()
 
 
-def warm_start(sess, settings) -> None:
+def warm_start(sess: tf.compat.v1.Session, settings: Any) -> None:
     """Session mode: applies `settings` in `sess` (after the variable initializers ran). Every
     rank calls it; each reads the dense values and the table keys it owns (any number of ranks
     may have written the checkpoints)."""
@@ -144,11 +145,11 @@ class WarmStartHook(tf.compat.v1.train.SessionRunHook):
         self._model_dir = model_dir
         self._active = False
 
-    def begin(self):
+    def begin(self) -> None:
         self._active = tf.train.latest_checkpoint(self._model_dir) is None
         if self._active:
             prepare(self._settings)
 
-    def after_create_session(self, session, coord):
+    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         if self._active:
             warm_start(session, self._settings)

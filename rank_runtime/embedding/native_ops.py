@@ -10,7 +10,7 @@ import functools
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Any, Dict
 
 import tensorflow as tf
 
@@ -38,7 +38,7 @@ class OpLibraries:
 _STATE = OpLibraries()
 
 
-def load(path: str | None = None):
+def load(path: str | None = None) -> Any:
     """The op library's Python module (its ops as functions); `path` for tests."""
     path = path or library_path()
     if path not in _STATE.libraries:
@@ -80,17 +80,17 @@ def exchange_bytes_sent(exchange: str) -> int:
     return int(_c_library().shardrec_exchange_bytes_sent(exchange.encode()))
 
 
-def register_store(store) -> None:
+def register_store(store: Any) -> None:
     """Lets the op library's kernels find `store` (a native RowStore) by its address; it keeps the
     store alive until unregister_store."""
     _c_library().shardrec_store_register(store.address)
 
 
-def unregister_store(store) -> None:
+def unregister_store(store: Any) -> None:
     _c_library().shardrec_store_unregister(store.address)
 
 
-def store_bind(variable: tf.Variable, store, column: int, initial: tf.Tensor) -> tf.Operation:
+def store_bind(variable: tf.Variable, store: Any, column: int, initial: tf.Tensor) -> tf.Operation:
     """The initializer of a table variable (or slot) bound to `column` of `store`."""
     return load().shardrec_store_bind(variable.handle, initial, store=store.address, column=column)
 

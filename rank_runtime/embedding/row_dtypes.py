@@ -8,6 +8,7 @@ float32 in every case; a 16-bit row is rounded when an optimizer writes it back,
 unless ``stochastic_rounding=False`` (then to the nearest, as TensorFlow casts).
 """
 from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 
@@ -39,7 +40,7 @@ class RowDtypes:
         return self.values != tf.float32 or self.slots != tf.float32
 
 
-def row_dtypes(owner: str, value_dtype, slot_dtype, stochastic_rounding) -> RowDtypes:
+def row_dtypes(owner: str, value_dtype: Any, slot_dtype: Any, stochastic_rounding: Any) -> RowDtypes:
     """The checked choice; slot_dtype None: float32."""
     values = check_dtype(owner, "value_dtype", value_dtype, VALUE_DTYPES)
     slots = tf.float32 if slot_dtype is None else check_dtype(owner, "slot_dtype", slot_dtype, SLOT_DTYPES)

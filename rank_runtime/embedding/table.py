@@ -112,11 +112,11 @@ class EmbeddingTable:
         self._address_lookups[addresses.ref()] = local_rows
         self.mark_distinct_rows(addresses)
 
-    def local_rows_at(self, addresses: tf.Tensor):
+    def local_rows_at(self, addresses: tf.Tensor) -> tf.Tensor:
         """The local rows of the lookup whose addresses are `addresses`, or None."""
         return self._address_lookups.get(addresses.ref())
 
-    def set_thresholds(self, thresholds) -> None:
+    def set_thresholds(self, thresholds: Any) -> None:
         """Admission and eviction (admission/thresholds.py), set once when the key pipeline starts."""
         self.thresholds = thresholds
         self.index.set_admission(thresholds.access, thresholds.eviction)
@@ -232,7 +232,7 @@ class EmbeddingTable:
         counted = self.admission_counters().as_dict() if self.thresholds is not None and self.thresholds.counts else None
         return counted, self.ssd.counters(self.index).as_dict() if self.ssd is not None else None
 
-    def export(self, sess) -> dict:
+    def export(self, sess: tf.compat.v1.Session) -> dict:
         """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}
         as numpy arrays, rows aligned with keys, in row order. Every rank calls it for its own shard
         (no collective); shardrec-ckpt export gathers all ranks' rows from a checkpoint."""
@@ -340,7 +340,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     return table
 
 
-def table_of_variable(variable) -> "EmbeddingTable | None":
+def table_of_variable(variable: Any) -> "EmbeddingTable | None":
     """The table whose device tier is `variable`, or None."""
     if not config.is_initialized():
         return None

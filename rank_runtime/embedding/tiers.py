@@ -36,7 +36,7 @@ def swap_policy() -> str:
     return policy
 
 
-def ssd_paths(owner: str, name: str, ssd_data_path, ssd_vocabulary_size: int) -> tuple:
+def ssd_paths(owner: str, name: str, ssd_data_path: Any, ssd_vocabulary_size: int) -> tuple:
     """The checked directories of the SSD tier (the Rec SDK's default: the working directory)."""
     if ssd_data_path is None:
         paths = (os.getcwd(),)
@@ -86,17 +86,17 @@ class SsdTier:
         self.policy = policy
         self._index = None
 
-    def attach(self, index, rank):
+    def attach(self, index: Any, rank: int) -> None:
         _remove_stale(self.paths, index.name)
         index.set_ssd(self.rows, list(self.paths), rank, self.policy)
         self._index = index
 
-    def close(self):
+    def close(self) -> None:
         """Removes this rank's SSD files (a clean shutdown; checkpoints hold every row)."""
         if self._index is not None:
             self._index.close_ssd()
 
-    def counters(self, index) -> "TierCounters":
+    def counters(self, index: Any) -> "TierCounters":
         return TierCounters(moves=index.tier_counters(), rows_on_ssd=index.rows_on_ssd(), rows=index.size(),
                             ssd_file_bytes=index.ssd_file_bytes())
 

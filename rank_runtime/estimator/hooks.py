@@ -1,4 +1,5 @@
 """Session hooks for Estimator mode."""
+from typing import Any
 import tensorflow as tf
 
 from ..process import config
@@ -18,7 +19,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
         self._modify_graph = check_bool("GraphModifierHook", "modify_graph", modify_graph)
         self._initializers = []
 
-    def begin(self):
+    def begin(self) -> None:
         state = config.get_config().graph_state()
         if self._modify_graph and (state.pending_lookups or not state.initializers):
             modify_graph_and_start_emb_cache(dump_graph=self._dump_graph)
@@ -27,7 +28,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
         # Another GraphModifierHook of the same call may have modified the graph already.
         self._initializers = list(state.initializers.values())
 
-    def after_create_session(self, session, coord):
+    def after_create_session(self, session: tf.compat.v1.Session, coord: Any) -> None:
         if self._initializers:
             session.run(self._initializers)
         follow_global_step(session, config.get_config().graph_state(session.graph).tables.values())

@@ -72,7 +72,7 @@ def write_array(directory: str, name: str, array: np.ndarray) -> ArrayEntry:
                        array.dtype.str, array.shape)
 
 
-def file_of(shard_dir, entry, what):
+def file_of(shard_dir: str, entry: ArrayEntry, what: str) -> str:
     """The path of a manifest's file entry, which must lie in a table folder of the shard."""
     path = os.path.normpath(os.path.join(shard_dir, entry.file))
     if os.path.dirname(os.path.dirname(path)) != os.path.normpath(shard_dir):
@@ -80,7 +80,7 @@ def file_of(shard_dir, entry, what):
     return path
 
 
-def checked_size(path, entry, what):
+def checked_size(path: str, entry: ArrayEntry, what: str) -> int:
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
@@ -91,7 +91,7 @@ def checked_size(path, entry, what):
     return size
 
 
-def crc_of(path):
+def crc_of(path: str) -> int:
     crc = 0
     with open(path, "rb") as f:
         while True:

@@ -7,6 +7,7 @@ core accepts these members wherever it takes a channel, and World checks at star
 """
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Channel(enum.IntEnum):
@@ -23,7 +24,7 @@ class Channel(enum.IntEnum):
         return self.name.lower()
 
 
-def check_matches_native(native_channel) -> None:
+def check_matches_native(native_channel: Any) -> None:
     """The native enum has the members and values of this one (a rebuilt core that changed them
     would otherwise pair the wrong channels silently)."""
     native = {name: int(value) for name, value in native_channel.__members__.items()}

@@ -69,7 +69,7 @@ class AdmissionEntry:
                 "newest": self.newest, "pending_rows": self.pending_rows}
 
     @classmethod
-    def from_json(cls, r: _Reader) -> "AdmissionEntry":
+    def from_json(cls, r: "_Reader") -> "AdmissionEntry":
         return cls(r.get("access_threshold", int), r.get("eviction_threshold", int), r.get("newest", int, -1),
                    r.get("pending_rows", int))
 

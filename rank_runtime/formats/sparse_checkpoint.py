@@ -39,7 +39,7 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ..process.logs import get_logger
 from .array_files import MANIFEST, CheckpointError, checked_size, crc_of, file_of
@@ -89,7 +89,7 @@ def _fsync_tree(root):
         _fsync_path(directory)
 
 
-def admission_arrays(state) -> dict:
+def admission_arrays(state: Any) -> dict:
     """A table's admission arrays by file name, from the native core's IndexState of a save: the
     one place that pairs the files with the state's fields."""
     return {"counts": state.counts, "last_seen": state.last_seen, "pending_keys": state.pending.keys,

@@ -11,7 +11,7 @@ the batch cut by the save (`resume`), so that a restore into the same ranks goes
 the job stood; a restore into other ranks hands every partition to its new owner.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .array_files import CheckpointError
 
@@ -29,7 +29,7 @@ class PartitionPosition:
         return out
 
     @classmethod
-    def from_json(cls, raw, where: str) -> "PartitionPosition":
+    def from_json(cls, raw: Any, where: str) -> "PartitionPosition":
         def count(name):
             value = raw.get(name, 0)
             return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
@@ -52,7 +52,7 @@ class StreamPositions:
         return {"partitions": {p: pos.to_json() for p, pos in sorted(self.partitions.items())}, "resume": self.resume}
 
     @classmethod
-    def from_json(cls, raw, where: str) -> "StreamPositions":
+    def from_json(cls, raw: Any, where: str) -> "StreamPositions":
         if not isinstance(raw, dict) or not isinstance(raw.get("partitions"), dict) or \
                 not isinstance(raw.get("resume"), (str, type(None))):
             raise CheckpointError(f"{where}: 'stream' is {{'partitions': {{name: position}}, 'resume': name or null}}, "

@@ -9,6 +9,7 @@ The sentinel row (what ids with no row read: keys not admitted yet, unknown keys
 padding) gets gradients too (a key waiting for admission reads it in training); the fused kernels
 never update it, so it stays zero.
 """
+from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import init_ops, init_ops_v2
@@ -29,7 +30,7 @@ def _scalar_initial_value(initializer, owner):
     raise TypeError(f"{owner}: a sparse table's optimizer slot must start at a scalar constant, got {initializer!r}")
 
 
-def check_learning_rate(owner: str, learning_rate) -> float:
+def check_learning_rate(owner: str, learning_rate: Any) -> float:
     return check_number(owner, "learning_rate", learning_rate, 0, 10)
 
 
@@ -98,7 +99,7 @@ class SparseOptimizerMixin:
             return tf.constant(-1, tf.int64)
         return tf.cast(step, tf.int64)
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Optional[str] = None) -> tf.Operation:
         self._global_step_for_rounding = global_step
         pairs = self._table_pairs(grads_and_vars)
         op = super().apply_gradients(pairs, global_step=global_step, name=name)
@@ -111,7 +112,7 @@ class SparseOptimizerMixin:
                     table.register_slot(f"{self.get_name()}.{slot_name}", slot)
         return op
 
-    def compute_gradients(self, loss, var_list=None, **kwargs):
+    def compute_gradients(self, loss: tf.Tensor, var_list: Any = None, **kwargs: Any) -> list:
         if var_list is None:
             var_list = tf.compat.v1.get_collection(SPARSE_TABLES_COLLECTION)
         var_list = [v.variable if isinstance(v, EmbeddingTable) else v for v in var_list]

@@ -9,6 +9,7 @@ does ``opt.apply_gradients(zip(tf.gradients(loss, local_embs), addresses))``. He
 the table's ordinary sparse update (the same fused kernels): the gradient of a lookup's local rows
 is the IndexedSlices gradient of the table at those addresses.
 """
+from typing import Any
 import tensorflow as tf
 
 from ..process import config
@@ -19,7 +20,7 @@ from .base import check_learning_rate
 from .gradient_descent import SparseGradientDescent
 from .lazy_adam import LazyAdam, check_adam_parameters
 
-def record_lookup(table, local_rows: tf.Tensor, addresses: tf.Tensor) -> None:
+def record_lookup(table: Any, local_rows: tf.Tensor, addresses: tf.Tensor) -> None:
     """Called by sparse_lookup with dynamic expansion: files a lookup's rows and addresses."""
     from ..constants import ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 

@@ -4,6 +4,7 @@ optimizer's own step count t: row -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m 
 TensorFlow's v1 Adam decays the moments of every row on every step (its cost grows with the
 vocabulary); here one fused kernel updates each distinct row and its two moments in one pass.
 """
+from typing import Any
 import tensorflow as tf
 
 from ..embedding import native_ops
@@ -25,7 +26,7 @@ class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
                                                                  beta1, beta2, eps, self._rounding_step(var))
 
 
-def check_adam_parameters(owner: str, learning_rate, beta1, beta2, epsilon) -> tuple:
+def check_adam_parameters(owner: str, learning_rate: Any, beta1: Any, beta2: Any, epsilon: Any) -> tuple:
     return (check_learning_rate(owner, learning_rate), check_number(owner, "beta1", beta1, 0, 1, lo_open=True, hi_open=True),
             check_number(owner, "beta2", beta2, 0, 1), check_number(owner, "epsilon", epsilon, 0, 1, lo_open=True))
 

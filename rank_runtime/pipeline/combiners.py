@@ -4,6 +4,7 @@ of its sum of squared weights); an example with no ids reads zeros (TensorFlow's
 empty examples; here every example has its row); a repeated id adds twice.
 
 Weights are data (tf-idf, counts, recency), not trained: they get no gradient."""
+from typing import Any, Optional
 import tensorflow as tf
 
 from . import ragged_ids
@@ -12,7 +13,7 @@ COMBINERS = ("sum", "mean", "sqrtn")
 _OWNER = "sparse_lookup"
 
 
-def check_combiner(combiner, variable_length):
+def check_combiner(combiner: Optional[str], variable_length: bool) -> Optional[str]:
     """The combiner of a variable-length lookup ('mean' by default, as TensorFlow's); none otherwise."""
     if combiner is None:
         return "mean" if variable_length else None
@@ -25,7 +26,7 @@ def check_combiner(combiner, variable_length):
     return combiner
 
 
-def checked_weights(weights, ids: tf.RaggedTensor):
+def checked_weights(weights: Any, ids: tf.RaggedTensor) -> Optional[tf.Tensor]:
     """Per-id float32 weights shaped as the ids (a RaggedTensor or SparseTensor like them, or their flat
     values), or None."""
     if weights is None:
@@ -56,7 +57,7 @@ def checked_weights(weights, ids: tf.RaggedTensor):
     return tf.stop_gradient(tf.cast(flat, tf.float32))
 
 
-def example_scale(ids: tf.RaggedTensor, weights, combiner):
+def example_scale(ids: tf.RaggedTensor, weights: Optional[tf.Tensor], combiner: str) -> tf.Tensor:
     """Per example: what its sum of rows is multiplied by."""
     if combiner == "sum":
         return None
@@ -69,7 +70,8 @@ def example_scale(ids: tf.RaggedTensor, weights, combiner):
     return tf.math.divide_no_nan(tf.ones_like(total), total)
 
 
-def combine_rows(rows_per_id, ids: tf.RaggedTensor, weights, combiner):
+def combine_rows(rows_per_id: tf.Tensor, ids: tf.RaggedTensor, weights: Optional[tf.Tensor],
+                 combiner: str) -> tf.Tensor:
     """The same pooling over rows already looked up per id (the serving export's stock ops)."""
     if weights is not None:
         rows_per_id = rows_per_id * weights[:, None]

@@ -48,12 +48,12 @@ class FeatureSpec:
                       "occurrence of a key counts once towards access_threshold", "shardrec.feature_spec")
 
     @property
-    def admission(self):
+    def admission(self) -> bool:
         """Keys get a row only once they have occurred access_threshold times (>= 0; -1 or None: off)."""
         return self.access_threshold is not None and self.access_threshold >= 0
 
     @property
-    def eviction(self):
+    def eviction(self) -> bool:
         return self.eviction_threshold is not None and self.eviction_threshold >= 0
 
     def __repr__(self):

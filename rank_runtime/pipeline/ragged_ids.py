@@ -2,20 +2,21 @@
 `tf.RaggedTensor` [batch, (ids)] (what `Dataset.ragged_batch` gives) or a `tf.SparseTensor`
 [batch, max ids] (what `tf.io.parse_example` gives a VarLenFeature). The key pipeline and the
 lookup see both as ragged: the flat ids in example order, and row splits."""
+from typing import Any
 import tensorflow as tf
 
 VARIABLE_LENGTH = (tf.RaggedTensor, tf.SparseTensor)
 
 
-def is_variable_length(x) -> bool:
+def is_variable_length(x: Any) -> bool:
     return isinstance(x, VARIABLE_LENGTH)
 
 
-def is_variable_length_spec(spec) -> bool:
+def is_variable_length_spec(spec: Any) -> bool:
     return isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec))
 
 
-def check_spec(owner, feature, spec):
+def check_spec(owner: str, feature: str, spec: Any) -> None:
     """A dataset element's ids: dense, or [batch, (ids)] ragged / [batch, n] sparse, int32 or int64."""
     if spec.dtype not in (tf.int32, tf.int64):
         raise TypeError(f"{owner}: feature {feature!r} has ids of dtype {spec.dtype.name}; ids must be int32 or int64")
@@ -30,7 +31,7 @@ def check_spec(owner, feature, spec):
                         "RaggedTensor or a SparseTensor")
 
 
-def as_ragged(x, what="ids") -> tf.RaggedTensor:
+def as_ragged(x: Any, what: str = "ids") -> tf.RaggedTensor:
     """[batch, (ids)] from a RaggedTensor or a 2-D SparseTensor (in row-major order, as
     tf.sparse.reorder puts it: the order the key pipeline and the lookup both use)."""
     if isinstance(x, tf.SparseTensor):
@@ -45,7 +46,7 @@ def as_ragged(x, what="ids") -> tf.RaggedTensor:
     raise TypeError(f"{what}: expected a RaggedTensor or a SparseTensor, got {type(x).__name__}")
 
 
-def key_inputs(x):
+def key_inputs(x: Any) -> Any:
     """What the key pipeline hands the native exchange for one pooled feature: flat ids, int64 row splits."""
     ragged = as_ragged(x)
     return [ragged.flat_values, tf.cast(ragged.row_splits, tf.int64)]
@@ -64,7 +65,7 @@ def empty_like(spec):
     return tf.SparseTensor(tf.zeros([0, rank], tf.int64), tf.zeros([0], spec.dtype), tf.constant(shape, tf.int64))
 
 
-def component_spec(tensor):
+def component_spec(tensor: Any) -> Any:
     """A dataset iterator's output as the dataset holds it: a ragged or sparse component travels as a
     variant, which its consumer in the graph decodes (and names the type of)."""
     if tensor.dtype == tf.variant:

@@ -23,6 +23,7 @@ flight, waits included.
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import tensorflow as tf
 
@@ -61,7 +62,7 @@ def _node_spans(run_metadata):
     return out
 
 
-def row_exchange_share(run_metadata, graph: tf.Graph, op_type: str = ROW_EXCHANGE_OP) -> float:
+def row_exchange_share(run_metadata: Any, graph: tf.Graph, op_type: str = ROW_EXCHANGE_OP) -> float:
     """Fraction in [0, 1] of the traced step's span spent with an `op_type` op in flight."""
     names = {op.name for op in graph.get_operations() if op.type == op_type}
     spans = _node_spans(run_metadata)
@@ -196,7 +197,7 @@ class TimelineReport:
     pipeline: PipelineShare
     ranks: tuple = ()              # every rank's report as a dict, by rank (filled by StepTimeline.report)
 
-    def as_dict(self):
+    def as_dict(self) -> dict:
         return {"rank": self.rank, "steps": self.steps, "step_ms": self.step_ms, "cpu_ms": self.cpu_ms,
                 "split_ms": self.split_ms,
                 "input_bound_steps": self.input_bound_steps,
@@ -208,7 +209,7 @@ class TimelineReport:
         return format_columns([(f"rank {r['rank']}", r) for r in (self.ranks or [self.as_dict()])])
 
 
-def format_columns(columns) -> str:
+def format_columns(columns: Any) -> str:
     """`columns`: (title, TimelineReport.as_dict()) pairs, printed side by side (1 rank and 2 ranks)."""
     parts = []
     for _, r in columns:
@@ -250,7 +251,7 @@ class StepTimeline:
         self.record(metadata)
         return out
 
-    def record(self, run_metadata):
+    def record(self, run_metadata: Any) -> None:
         self._steps.append(TracedStep.of(run_metadata, self._labels, self._inputs))
 
     def report(self, pipeline_before, pipeline_after, step_s: float, cpu_s: float = 0.0) -> TimelineReport:

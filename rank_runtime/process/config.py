@@ -7,11 +7,12 @@ get their own key index, filled from the checkpoint the Estimator restores.
 """
 import weakref
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
 from . import heartbeat
+from ..formats.channel import Channel, RowExchangeName
 from ..validation import check_bool
 
 
@@ -39,7 +40,7 @@ class RuntimeConfig:
     loaded: bool = False
     graphs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
-    def graph_state(self, graph=None):
+    def graph_state(self, graph: Optional[tf.Graph] = None) -> "GraphState":
         """The tables and pipeline state of `graph` (default: the current default graph)."""
         graph = graph or tf.compat.v1.get_default_graph()
         if graph not in self.graphs:
@@ -47,29 +48,31 @@ class RuntimeConfig:
         return self.graphs[graph]
 
     @property
-    def tables(self):
+    def tables(self) -> dict:
         """Tables of the current default graph, by name."""
         return self.graph_state().tables
 
 
 @dataclass
 class GraphState:
-    tables: dict = field(default_factory=dict)
+    """A graph's tables and key pipeline. The tables' and pipeline's own types live in rooms above
+    this one (embedding/, pipeline/), which name this module: here they are Any."""
+    tables: Dict[str, Any] = field(default_factory=dict)  # name -> EmbeddingTable
     pipeline_started: bool = False
     # modify_graph=True lookups waiting for modify_graph_and_start_emb_cache (graph_modifier.py).
-    pending_lookups: list = field(default_factory=list)
+    pending_lookups: List[Any] = field(default_factory=list)
     # is_training -> the iterator initializers that graph modification made.
-    initializers: dict = field(default_factory=dict)
-    # The lookups' row exchanges (channel.RowExchangeName), made when the pipeline starts.
-    row_exchanges: list = field(default_factory=list)
+    initializers: Dict[bool, tf.Operation] = field(default_factory=dict)
+    # The lookups' row exchanges, made when the pipeline starts.
+    row_exchanges: List[RowExchangeName] = field(default_factory=list)
     # The insert functions built in this graph (start_asc_pipeline checks their tables).
-    insert_functions: list = field(default_factory=list)
+    insert_functions: List[Any] = field(default_factory=list)
     # (feature name, channel) -> send_count, registered by each lookup with static shapes: a train
     # and an eval FeatureSpec of the same name keep their own.
-    send_counts: dict = field(default_factory=dict)
+    send_counts: Dict[Tuple[str, Channel], int] = field(default_factory=dict)
     # (feature name, channel) of the variable-length lookups given weights: their singleton
     # partials cannot be shared (pooling.h).
-    weighted_pools: set = field(default_factory=set)
+    weighted_pools: Set[Tuple[str, Channel]] = field(default_factory=set)
 
 
 @dataclass
@@ -146,7 +149,7 @@ def check_may_save(what: str) -> None:
                            f"fresh model. Nothing was written.")
 
 
-def get_table(name: str, graph: tf.Graph | None = None):
+def get_table(name: str, graph: tf.Graph | None = None) -> Any:
     tables = get_config().graph_state(graph).tables
     if name not in tables:
         known = ", ".join(sorted(tables)) or "none"

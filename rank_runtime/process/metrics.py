@@ -16,7 +16,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, Iterable, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 from ..formats.heartbeat_format import ATTEMPT_ENV, RESIZES_ENV, RESTARTS_ENV
 from ..formats.channel import Channel
@@ -63,7 +63,7 @@ class MetricsState:
 _STATE = MetricsState()
 
 
-def batch_trained(samples: int, tables) -> None:
+def batch_trained(samples: int, tables: Iterable[Any]) -> None:
     """The key pipeline exchanged a training batch of `samples` (on its thread, which alone grows
     the tables: their figures are read here, a few native counters, so that a scrape after the
     last batch sees that batch's)."""

@@ -11,7 +11,7 @@ import atexit
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -119,26 +119,26 @@ class World:
             for exchange in self.exchanges.values():
                 exchange.leave()
 
-    def restart_channels(self):
+    def restart_channels(self) -> None:
         """A channel stopped by an error runs again under a new configuration (every rank calls
         init() at the same point); one whose round timed out stays stopped."""
         for exchange in self.exchanges.values():
             exchange.restart()
 
-    def sum_over_ranks(self, value, what, timeout=60.0):
+    def sum_over_ranks(self, value: int, what: str, timeout: float = 60.0) -> int:
         """Sum of an int over all ranks. Every rank must call it at the same point; a lone caller
         gets an error after `timeout` seconds instead of hanging the job."""
         recv = np.zeros(1, np.int64)
         self._wait(lambda: self._helper.Iallreduce(np.array([value], np.int64), recv, op=self._mpi.SUM), what, timeout)
         return int(recv[0])
 
-    def gather_from_ranks(self, value, what, timeout=60.0):
+    def gather_from_ranks(self, value: int, what: str, timeout: float = 60.0) -> List[int]:
         """Every rank's int (a list indexed by rank); called by all ranks together, as sum_over_ranks."""
         recv = np.zeros(self.size, np.int64)
         self._wait(lambda: self._helper.Iallgather(np.array([value], np.int64), recv), what, timeout)
         return recv.tolist()
 
-    def gather_texts(self, text, what, timeout=60.0):
+    def gather_texts(self, text: str, what: str, timeout: float = 60.0) -> List[str]:
         """Every rank's string, by rank (collective, as sum_over_ranks): used to tell every rank
         what went wrong on each."""
         data = text.encode()
@@ -163,7 +163,7 @@ class World:
             time.sleep(0.001)
 
 
-def unlink_own_segments():
+def unlink_own_segments() -> None:
     """A process alone in its job (a script run without mpiexec: MPI's singleton) has no daemon that
     removes its shared-memory segment (/dev/shm/sm_segment.*, 16 MiB) when it ends, so every such run
     left one behind. No peer will ever map it: its name goes now, and the mapping stays valid."""

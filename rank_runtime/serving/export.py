@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import tensorflow as tf
 
@@ -65,7 +66,7 @@ class ServingExport:
         self.tables = {}
         self.features_read = set()
 
-    def table(self, name: str, key_dtype, dim: int) -> StockTable:
+    def table(self, name: str, key_dtype: tf.DType, dim: int) -> StockTable:
         saved = self.saved.tables.get(name)
         if saved is None:
             raise CheckpointError(f"{self.saved.save_path}: has no table {name!r} to export; it has "
@@ -104,7 +105,7 @@ class ServingExport:
     def variables(self) -> list:
         return [v for t in self.tables.values() for v in t.variables]
 
-    def fill(self, sess) -> list:
+    def fill(self, sess: tf.compat.v1.Session) -> list:
         """Every stock table's rows from the checkpoint; [ExportedTable]."""
         done = []
         for name, table in sorted(self.tables.items()):
@@ -123,7 +124,7 @@ class ServingExport:
         return done
 
 
-def export_in(graph: tf.Graph, save_path, row_dtype=tf.float32) -> ServingExport:
+def export_in(graph: tf.Graph, save_path: Any, row_dtype: tf.DType = tf.float32) -> ServingExport:
     """An export whose tables create_table and sparse_lookup make in `graph` (embedding/export_view.py);
     save_path: a checkpoint prefix, or every rank's prefix of one saved under a path per rank."""
     export = ServingExport(save_path, row_dtype)
@@ -143,13 +144,13 @@ class ExportSaver(tf.compat.v1.train.Saver):
         self._dense = tf.compat.v1.train.Saver(var_list=dense) if dense else None
         self.exported = []
 
-    def restore(self, sess, save_path):
+    def restore(self, sess: tf.compat.v1.Session, save_path: Any) -> None:
         if self._dense is not None:
             self._dense.restore(sess, save_path)
         self.exported = self._export.fill(sess)
 
 
-def unread_features(export: ServingExport, features: dict, outputs) -> list:
+def unread_features(export: ServingExport, features: dict, outputs: Iterable[tf.Tensor]) -> list:
     """Receiver features that nothing in the graph reads and no output returns (a name the model
     does not have)."""
     returned = {id(t) for t in outputs}
@@ -157,7 +158,7 @@ def unread_features(export: ServingExport, features: dict, outputs) -> list:
                   and isinstance(t, tf.Tensor) and not t.consumers() and id(t) not in returned)
 
 
-def resolve_checkpoint(path):
+def resolve_checkpoint(path: str) -> Any:
     """A dense checkpoint prefix from a prefix or a model directory (its newest checkpoint); a list
     (one prefix per rank, for per-rank paths) is kept as it is."""
     if isinstance(path, (list, tuple)):
@@ -219,7 +220,8 @@ def export_saved_model(checkpoint: str, export_dir: str, model_fn, inputs: dict,
     return summary
 
 
-def write_saved_model(sess, export_dir: str, signatures: dict, saver, overwrite: bool) -> None:
+def write_saved_model(sess: tf.compat.v1.Session, export_dir: str, signatures: dict, saver: Any,
+                      overwrite: bool) -> None:
     """The SavedModel, written next to `export_dir` and moved into place whole."""
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)

@@ -6,6 +6,7 @@ through memory once. An incremental checkpoint's delta is read with its chain (c
 an export from any step of a chain holds exactly that step's rows."""
 import os
 from dataclasses import dataclass
+from typing import Callable, List, Optional, Union
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class SavedTables:
     links: list  # checkpoint_chain.Link: the full save, then the deltas up to this one
     tables: dict  # name -> SavedTable
 
-    def rows_of(self, name: str, progress=None) -> tuple:
+    def rows_of(self, name: str, progress: Optional[Callable[[int, int], None]] = None) -> tuple:
         """(keys int64 [n], values float32 [n + 1, dim]): the last row stays zero, the row that a
         key without a row reads. progress(done_rows, total_rows) after each chunk."""
         arrays = read_chain_table(self.links, name, ("keys", "values"), extra_rows=1, progress=progress)
@@ -68,7 +69,7 @@ def _all_shards(save_paths: list) -> tuple:
     return shards, size
 
 
-def saved_tables(save_paths) -> SavedTables:
+def saved_tables(save_paths: Union[str, List[str]]) -> SavedTables:
     """The tables of the checkpoint at `save_paths` (a prefix, or one per rank for per-rank paths),
     every shard's manifest read and its files' sizes checked; raises CheckpointError naming what is
     missing or damaged. Its save_path is the prefix holding rank 0's shard (the dense part)."""

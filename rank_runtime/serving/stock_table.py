@@ -10,6 +10,7 @@ place. A key with no row reads row `rows`, zeros, as an evaluation lookup in tra
 into the graph's collection LAYOUT_COLLECTION, which the SavedModel keeps, for shardrec-serve."""
 import json
 from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +35,7 @@ class TableLayout:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text) -> "TableLayout":
+    def from_json(cls, text: Union[str, bytes]) -> "TableLayout":
         fields = json.loads(text.decode() if isinstance(text, bytes) else text)
         return cls(**{k: fields[k] for k in cls.__dataclass_fields__})
 
@@ -65,12 +66,12 @@ class StockTable:
     def variables(self) -> list:
         return [self.keys, self.values]
 
-    def fill(self, sess, keys, values) -> None:
+    def fill(self, sess: tf.compat.v1.Session, keys: np.ndarray, values: np.ndarray) -> None:
         values = np.asarray(values, self._values_in.dtype.as_numpy_dtype)  # each to the nearest
         sess.run([self.keys.initializer, self.values.initializer],
                  feed_dict={self._keys_in: keys, self._values_in: values})
 
-    def lookup(self, ids, serving_default_value=None, name=None) -> tf.Tensor:
+    def lookup(self, ids: tf.Tensor, serving_default_value: Any = None, name: Optional[str] = None) -> tf.Tensor:
         """The rows of `ids` (any shape, int32 or int64): ids.shape + [dim]."""
         check_type("sparse_lookup", "ids", ids, tf.Tensor, "an id tensor (the serving receiver's feature)")
         if not (ids.dtype.is_integer):

@@ -7,7 +7,7 @@ removed. Each version is a full export: its cost is the table's size, at every i
 import os
 import re
 import shutil
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from ..process.logs import get_logger
 from .export import resolve_checkpoint
@@ -24,7 +24,7 @@ def numbered(base: str) -> list:
     return sorted(int(n) for n in os.listdir(base) if _NUMBER.fullmatch(n) and os.path.isdir(os.path.join(base, n)))
 
 
-def export_new_version(model_dir: str, base: str, export, keep: int) -> Optional[str]:
+def export_new_version(model_dir: str, base: str, export: Callable[[str], Any], keep: int) -> Optional[str]:
     """Exports `model_dir`'s newest checkpoint as BASE/<step> with export(checkpoint, directory) when
     no version there is as new; then keeps the newest `keep` versions. Returns the new directory."""
     if keep < 1:

@@ -15,7 +15,7 @@ the saved positions to the stream before its dataset runs, into the same ranks o
 """
 import os
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 import tensorflow as tf
 
@@ -48,7 +48,7 @@ class DirectoryStream(PartitionedStream):
             self._counts[partition, name] = known
         return known[1]
 
-    def lag(self):
+    def lag(self) -> Dict[str, PartitionLag]:
         out = {}
         for partition, at in self.cursor.latest().items():
             folder = os.path.join(self.root, partition)

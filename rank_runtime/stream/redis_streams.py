@@ -28,7 +28,7 @@ that goes away is waited for (and logged): reading goes on from the same entry w
 again, and the time it was away does not count as idle.
 """
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -202,7 +202,7 @@ class RedisStream(PartitionedStream):
                     return
                 time.sleep(self.poll_s)
 
-    def lag(self):
+    def lag(self) -> Dict[str, PartitionLag]:
         import redis
 
         out = {}

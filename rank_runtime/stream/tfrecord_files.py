@@ -7,6 +7,7 @@ too, but names neither the file nor the partition. The count is native
 (storage/tfrecord_framing.h, in the framing module, which links no MPI, so that producers and
 scripts may use it): a Python loop over the records cost the directory stream a tenth of its
 samples/s (bench/README.md)."""
+from typing import Iterable
 from ...native import framing
 
 
@@ -33,7 +34,7 @@ def count_records(path: str, partition: str) -> int:
                           "bytes): the file is cut short or not TFRecord")
 
 
-def pack_records(records) -> bytes:
+def pack_records(records: Iterable[bytes]) -> bytes:
     """The bytes of a TFRecord file that holds `records` (a sequence of bytes): what a producer
     appends to a Redis stream as one packed entry (XADD <name>:<p> * records <these bytes>), or
     writes to a directory stream as a file. The same bytes as tf.io.TFRecordWriter writes."""

@@ -21,6 +21,7 @@
                      where it expects one, rank 1 sends rank 0 one where it expects two
 Lines the tests read: RESULT rank=<r> ..., ERROR rank=<r>: <message>, HELD rank=<r> table=<t> keys=<k,...>.
 """
+import os
 import sys
 import time
 
@@ -30,9 +31,21 @@ import tensorflow as tf
 import mx_rec.core.embedding  # noqa: F401 - what a Rec SDK script imports first
 from mx_rec.optimizers import lazy_adam
 from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
-                          init, sparse_lookup, start_asc_pipeline)
+                                   get_rank_size, init, sparse_lookup, start_asc_pipeline)
 
 MODE = sys.argv[1]
+
+
+def all_said(name, ranks, rank, seconds=60):
+    """Waits until every rank of `ranks` reached this point: each leaves a file in the test's
+    RENDEZVOUS_DIR, and the ranks can no longer meet in a collective (a peer has left)."""
+    folder = os.environ["RENDEZVOUS_DIR"]
+    open(os.path.join(folder, f"{name}-{rank}"), "w").close()
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(os.path.join(folder, f"{name}-{r}")) for r in ranks):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank(s) {ranks} did not all reach {name} within {seconds} s")
+        time.sleep(0.05)
 
 
 def say(text):
@@ -245,7 +258,8 @@ def eval_after_exit():
             say(f"RESULT rank={rank} evaluated {batches} batches")
         except tf.errors.OpError as e:
             say(f"ERROR rank={rank}: {first_line(e)}")
-            time.sleep(2)  # the other evaluating rank prints its own before this one ends the job
+            # The other evaluating ranks print their own before this one's error ends the job.
+            all_said("eval-error", [r for r in range(get_rank_size()) if r != 1], rank)
             raise
 
 

@@ -6,7 +6,7 @@ import os
 import re
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -33,7 +33,7 @@ class Served:
         self.graph, self.metrics = graph, metrics
         self.current: Optional[ServedVersion] = None
 
-    def run(self, fetches, feeds) -> tuple:
+    def run(self, fetches: Any, feeds: dict) -> tuple:
         for _ in range(100):
             version = self.current
             if version is None:
@@ -87,14 +87,14 @@ class Follower(threading.Thread):
                 return True
         return False
 
-    def run(self):
+    def run(self) -> None:
         while not self._halt.wait(self.poll_s):
             try:
                 self.poll_once()
             except Exception:  # the thread must go on: the next poll retries
                 log.exception("following %s", self.model_dir)
 
-    def stop(self):
+    def stop(self) -> None:
         self._halt.set()
 
     def poll_once(self) -> None:

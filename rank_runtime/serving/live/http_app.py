@@ -12,6 +12,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 from google.protobuf import json_format
@@ -132,7 +133,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 
-def make_server(app: RestApp, host: str, port: int, threads: int):
+def make_server(app: RestApp, host: str, port: int, threads: int) -> Any:
     """A waitress server of `app` (not started: its .run() serves until .close()); port 0 picks one
     (the server's .effective_port)."""
     import waitress

@@ -3,6 +3,7 @@ checkpoint: per table, a find in its index, a scatter of rows, an insert and a r
 assigning or growing its values; an assignment per dense variable. Every session of the server runs
 this one graph (a session holds its own variables and tables)."""
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -82,15 +83,15 @@ class ModelGraph:
         """Whether this SavedModel was written by shardrec-export (its tables' layouts are known)."""
         return bool(self.layouts)
 
-    def new_session(self, config=None) -> tf.compat.v1.Session:
+    def new_session(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.Session:
         return tf.compat.v1.Session(graph=self.graph, config=config)
 
-    def load_own_variables(self, sess) -> None:
+    def load_own_variables(self, sess: tf.compat.v1.Session) -> None:
         """The SavedModel's own variables and main op: the export's state (no checkpoint followed)."""
         self._loader.restore_variables(sess, self._saver)
         self._loader.run_init_ops(sess, self._tags)
 
-    def find_rows(self, sess, table: str, keys: np.ndarray) -> np.ndarray:
+    def find_rows(self, sess: tf.compat.v1.Session, table: str, keys: np.ndarray) -> np.ndarray:
         ops = self.tables[table]
         return sess.run(ops.find, {ops.find_keys: keys})
 

@@ -36,7 +36,7 @@ def _json(body: bytes):
                              "most a tensor's rank, 32 levels)") from None
 
 
-def signature_name(doc) -> str:
+def signature_name(doc: dict) -> str:
     name = doc.get("signature_name", "serving_default")
     if not isinstance(name, str):
         raise RestError(400, "'signature_name' must be a string")

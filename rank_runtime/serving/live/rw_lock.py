@@ -10,19 +10,19 @@ class ReadWriteLock:
         self._writing = False
         self._writers_waiting = 0
 
-    def acquire_read(self):
+    def acquire_read(self) -> None:
         with self._cond:
             while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
 
-    def release_read(self):
+    def release_read(self) -> None:
         with self._cond:
             self._readers -= 1
             if not self._readers:
                 self._cond.notify_all()
 
-    def acquire_write(self):
+    def acquire_write(self) -> None:
         with self._cond:
             self._writers_waiting += 1
             while self._writing or self._readers:
@@ -30,15 +30,15 @@ class ReadWriteLock:
             self._writers_waiting -= 1
             self._writing = True
 
-    def release_write(self):
+    def release_write(self) -> None:
         with self._cond:
             self._writing = False
             self._cond.notify_all()
 
-    def reading(self):
+    def reading(self) -> "_Held":
         return _Held(self.acquire_read, self.release_read)
 
-    def writing(self):
+    def writing(self) -> "_Held":
         return _Held(self.acquire_write, self.release_write)
 
 

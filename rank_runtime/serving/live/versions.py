@@ -9,7 +9,7 @@ import copy
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +53,7 @@ class ServedVersion:
         self.closed = False
         self.damaged = False
 
-    def run(self, fetches, feeds) -> tuple:
+    def run(self, fetches: Any, feeds: dict) -> tuple:
         """(session.run's result, the VersionInfo it was computed at)."""
         with self.lock.reading():
             if self.closed or self.damaged:
