@@ -226,10 +226,11 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
     # Requests ran before the kill (11), across the restarted job's full save and after the server's
     # restart (40); how many versions between them a client meets is the machine's speed.
     assert versions[0] <= 11 and 11 in versions and 40 in versions, versions
-    expected = {v: _rows_at(model, v, ids) for v in versions}
-    for v in versions[1:]:  # each delta changed every row and w by exactly 1
-        if v - 1 in expected:
-            np.testing.assert_allclose(expected[v][0] - expected[v - 1][0], 1.0, atol=1e-5)
+    # Every step's checkpoint (the job keeps them all): each step added exactly 1 to every row and to w.
+    expected = {v: _rows_at(model, v, ids) for v in range(versions[0], 41)}
+    for v in range(versions[0] + 1, 41):
+        np.testing.assert_allclose(expected[v][0] - expected[v - 1][0], 1.0, atol=1e-5, err_msg=f"rows, step {v}")
+        np.testing.assert_allclose(expected[v][1] - expected[v - 1][1], 1.0, atol=1e-5, err_msg=f"w, step {v}")
     torn = [v for v, emb, w in clients.responses
             if not (np.array_equal(emb, expected[v][0]) and np.array_equal(w, expected[v][1]))]
     assert not torn, f"{len(torn)} of {len(clients.responses)} responses mix versions: {torn[:10]}"
