@@ -4,7 +4,6 @@ import glob
 import os
 import re
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -62,13 +61,14 @@ def test_each_rank_holds_exactly_its_residue(oracle_runs, n):
 
 
 def test_uneven_data_stops_every_rank_at_the_same_step():
+    """The ranks learn of the end in the exchange's status round, not from its timeout (600 s, far
+    past mpiexec's here)."""
     proc = check(mpiexec(3, "uneven_data.py", timeout=120))
     stops = re.findall(r"STOP rank=(\d) pass=(\w+) steps=(\d+) seconds=([0-9.]+)", proc.stdout)
     assert len(stops) == 9, proc.stdout
-    for rank, name, steps, seconds in stops:
+    for rank, name, steps, _ in stops:
         # Rank 0 has the fewest batches: 6 for training, 2 for evaluation.
         assert int(steps) == (6 if name == "train" else 2), stops
-        assert float(seconds) < 30
     assert "train data: another rank ran out after 6 batches (rank(s) [0] ran out)" in proc.stderr
     assert "[rank 0/3]" in proc.stderr and "this rank has no more" in proc.stderr
 
@@ -116,9 +116,7 @@ def test_an_exit_that_waits_says_what_for_after_5_s_and_is_bounded():
     """A script that ends leaving a thread of its own that never ends: Python's exit would wait for
     it for ever. Each rank says, 5 s into its exit, where its main thread waits and which thread
     still runs; at SHARDREC_EXIT_TIMEOUT_S the job ends with an error naming the rank and the wait."""
-    started = time.monotonic()
     proc = mpiexec(2, "slow_exit.py", timeout=120, env={"SHARDREC_EXIT_TIMEOUT_S": "12"})
-    took = time.monotonic() - started
     assert proc.returncode != 0 and proc.stdout.count("SCRIPT-DONE") == 2, proc.stderr[-3000:]
     waits = "Python's join of the script's own threads (threads not made daemon=True)"
     said = re.findall(rf"\[rank (\d)/2\] .* exiting for (\d+) s now; the main thread waits in {re.escape(waits)}; "
@@ -128,7 +126,6 @@ def test_an_exit_that_waits_says_what_for_after_5_s_and_is_bounded():
     assert re.search(rf"\[rank \d/2\] exiting took 1[2-9] s \(SHARDREC_EXIT_TIMEOUT_S\), waiting in {re.escape(waits)}; "
                      r"other threads: a-thread-that-never-ends; .*ending the whole job \(MPI_Abort, status 1\)",
                      proc.stderr), proc.stderr[-3000:]
-    assert took < 60, took
 
 
 def test_a_script_run_without_mpiexec_leaves_no_shared_memory_behind(tmp_path):

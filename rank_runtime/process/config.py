@@ -85,9 +85,9 @@ _STATE = ConfigState()
 
 def install(cfg: RuntimeConfig) -> None:
     """init() made `cfg`: every module reads it from here on, until forget()."""
-    if _STATE.config is not None:
-        raise RuntimeError("init: shardrec is already initialised; call terminate_config_initializer() "
-                           "before calling init() again")
+    if _STATE.config is not None:  # init() checks first, before it starts anything
+        raise RuntimeError("config.install: a configuration is installed already; terminate_config_initializer() "
+                           "forgets it")
     _STATE.config = cfg
 
 
