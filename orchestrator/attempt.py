@@ -170,6 +170,7 @@ class Attempt:
             silent = {r: now - self.heard.get(r, self.started) for r in live}
             stalled = {r: now - self.moved.get(r, self.started) for r in live}
             hosts = {r: b.host for r, b in self.beats.items()}
+            progressed = {r for r, b in self.beats.items() if b.progress > 0}
             # A rank whose stream has no new data waits for it, and the others wait for it in the key
             # exchange (whose own timeout bounds that): no progress by design.
             waiting = any(self.beats[r].waiting_for_data for r in live if r in self.beats)
@@ -179,11 +180,13 @@ class Attempt:
         # teardown over TCP can take seconds): they make no progress by design, so only a longer
         # wait counts against them. Silence still counts at once.
         stall_limit = max(limit, FINISH_GRACE_S) if done else limit
-        # A rank not heard from yet is starting (importing TensorFlow, joining MPI): on a busy
-        # machine that alone can take longer than a short hang timeout, so it gets START_GRACE_S.
+        # A rank not heard from yet is starting (importing TensorFlow, joining MPI), and one that beats
+        # but has made no progress yet is too (building its graph, restoring a checkpoint, or waiting
+        # in the first collective for a peer that is): on a busy machine that alone can take longer
+        # than a short hang timeout, so it gets START_GRACE_S. Silence counts at the hang timeout.
         start_limit = max(limit, START_GRACE_S)
         over = [r for r, t in silent.items() if t > (limit if r in self.heard else start_limit)]
-        if not over and not any(t > (stall_limit if r in self.moved else max(stall_limit, start_limit))
+        if not over and not any(t > (stall_limit if r in progressed else max(stall_limit, start_limit))
                                 for r, t in stalled.items()):
             return None, None, None
         quiet = sorted((r for r, t in silent.items() if t > 3 * self.tick), key=lambda r: -silent[r])

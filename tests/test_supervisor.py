@@ -309,7 +309,9 @@ def test_a_job_whose_stream_has_no_new_data_is_waiting_not_hung_but_silence_coun
 def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp_path):
     """Before its first heartbeat a rank is importing TensorFlow and joining MPI, which a busy
     machine can make longer than a short hang timeout (seen with two test files side by side):
-    silence counts from START_GRACE_S then; once heard from, the hang timeout applies."""
+    silence counts from START_GRACE_S then; once heard from, the hang timeout applies to silence.
+    Before its first progress (a restore, the first collective while a peer restores: a restarted
+    attempt in the cut-host test stalled 10 s there) no progress counts from START_GRACE_S too."""
     from shardrec.orchestrator.attempt import START_GRACE_S
 
     now, a = 1000.0, Heartbeat(host="a")
@@ -321,6 +323,14 @@ def test_a_rank_still_starting_gets_the_start_grace_before_it_counts_as_hung(tmp
     attempt.record_beat(0, Heartbeat(host="a", progress=1), now + 40)
     why, rank, _ = attempt.hung(now + 41)
     assert rank == 1 and why.startswith("rank 1 on host a sent no heartbeat for 11 s (hang timeout 10 s)"), why
+    # Both beat, neither has made progress yet (restoring, waiting for the other in the first
+    # collective): starting until START_GRACE_S; then, still ticking, stalled.
+    ticking = [(r, a, now + t) for t in (0, 20, 40, START_GRACE_S, START_GRACE_S + 5) for r in (0, 1)]
+    attempt = _attempt(tmp_path, 2, ticking[:6], hang_timeout=10)
+    assert attempt.hung(now + 41) == (None, None, None)  # 41 s without progress, heard 1 s ago
+    attempt = _attempt(tmp_path, 2, ticking, hang_timeout=10)
+    why, rank, _ = attempt.hung(now + START_GRACE_S + 6)
+    assert rank in (0, 1) and f"made no progress for {START_GRACE_S + 6:.0f} s (hang timeout 10 s)" in why, why
 
 # Both as Open MPI 5.0's mpiexec printed them in this project's two-host tests: which one comes
 # depends on whether PRRTE first sees the daemon's ssh exit or its TCP link break.
