@@ -473,17 +473,27 @@ def test_a_restart_from_the_start_says_why_the_checkpoints_it_found_are_not_comp
 
 
 def test_no_heartbeat_follows_the_last_one(tmp_path):
-    """A rank's exit beat is its last line of beats: the ticker, still running while the process
-    exits, writes nothing after it, so the supervisor never reads a finished rank as still running.
-    A process of its own ticks every 10 ms and keeps exiting for 0.5 s after its last beat."""
-    script = ("import atexit, time\n"
+    """The exit beat is a rank's last: the ticker, still running while the process exits, writes
+    nothing after it. A process ticking every 10 ms ends once four beats came (its stdin closes), and
+    exits for 0.5 s more: 50 ticks that must not come (a negative has a window, not an event)."""
+    script = ("import atexit, sys, time\n"
               "atexit.register(time.sleep, 0.5)  # runs after the heartbeat's last beat (at-exit runs LIFO)\n"
-              "from shardrec.rank_runtime.process import heartbeat\n"
-              "heartbeat.start(0, 1)\n"
-              "time.sleep(0.2)\n")
+              "from shardrec.rank_runtime.process import heartbeat\nheartbeat.start(0, 1)\nsys.stdin.read()\n")
     env = {**os.environ, "SHARDREC_RUN_DIR": str(tmp_path), "SHARDREC_HEARTBEAT_INTERVAL_S": "0.01"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    beats = [Heartbeat.parse(line.split(MARK, 1)[1]) for line in done.stderr.splitlines() if MARK in line]
-    assert len(beats) > 3, done.stderr  # ticks before the exit
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    try:
+        while sum(MARK in line for line in lines) < 4:  # ticks before the exit
+            line = proc.stderr.readline()
+            assert line, "".join(lines)  # the process ended before it ticked
+            lines.append(line)
+        proc.stdin.close()
+        lines += proc.stderr.readlines()
+        assert proc.wait(timeout=120) == 0, "".join(lines)
+    except BaseException:
+        proc.kill()
+        raise
+    beats = [Heartbeat.parse(line.split(MARK, 1)[1]) for line in lines if MARK in line]
+    assert len(beats) > 3, "".join(lines)
     assert [b.exiting for b in beats].index(True) == len(beats) - 1, [b.exiting for b in beats]
