@@ -6,13 +6,20 @@ export PYTHONUNBUFFERED := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo stream-demo test test-quick test-image bench bench-short
+.PHONY: setup demo dlrm stream-demo test test-quick test-image bench bench-short
 setup:
 	@bash scripts/bootstrap.sh
 
 RANKS ?= 2
 demo: setup
 	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/wide_deep.py $(ARGS)
+
+# DLRM on Criteo Kaggle-shaped data read from Parquet (examples/dlrm.py; ARGS="--format tfrecord" for the
+# same samples from TFRecord): the data is written once.
+DLRM_DATA ?= /tmp/shardrec-dlrm
+dlrm: setup
+	@[ -d $(DLRM_DATA)/parquet ] || $(PY) examples/dlrm.py write --out $(DLRM_DATA)
+	.venv/bin/mpiexec --oversubscribe -np $(RANKS) $(PY) examples/dlrm.py train --data $(DLRM_DATA) $(ARGS)
 
 # Online training: a Redis server, a producer of click events and the job on 2 ranks, for a minute
 # (examples/stream_wide_deep.py; ARGS="--source directory" for a directory stream).

@@ -1,12 +1,13 @@
 """Sparse step throughput: ids/s of lookup + forward + backward + update, one peer per process.
 
     python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40] [--faae]
-                                [--feed records|step-only]
+                                [--feed records|parquet|step-only]
     python bench/sparse_step.py --peer shardrec --memory-fraction 0.1 [--ssd-path DIR]   (an SSD tier)
     mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
 
 The default feed is a user's (workload.py): TFRecord files of tf.train.Example read by tf.data,
-batched and parsed, for every peer alike; --feed step-only hands each step its batch from numpy
+batched and parsed, for every peer alike; --feed parquet reads the same samples from Parquet
+files with ParquetDataset (no parsing: columns straight into tensors); --feed step-only hands each step its batch from numpy
 (the step with nothing around it). Prints one JSON line: {"peer", "dim", "optimizer", "ranks",
 "feed", "ids_per_s" (median of windows), "windows", "distinct_per_batch", ...}.
 """
@@ -35,9 +36,9 @@ def main(argv=None):
     p.add_argument("--fields", type=int, default=26)
     p.add_argument("--distinct", type=int, default=0,
                    help="keys the Zipf law is truncated to (0, default: numpy's unbounded Zipf(1.1))")
-    p.add_argument("--feed", choices=["records", "step-only"], default="records",
-                   help="records (default): TFRecord files parsed by tf.data, a user's path; step-only: batches "
-                        "from numpy, no parsing")
+    p.add_argument("--feed", choices=["records", "parquet", "step-only"], default="records",
+                   help="records (default): TFRecord files parsed by tf.data, a user's path; parquet: the same "
+                        "samples as Parquet files read by ParquetDataset; step-only: batches from numpy, no parsing")
     p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
     p.add_argument("--seed", type=int, default=None,
                    help="draw the batches rank SEED draws (default: this rank's; bench/scaling.py --together)")
@@ -88,6 +89,10 @@ def main(argv=None):
     if args.feed == "records":
         features = set(peers.FEATURES.get(args.peer, ("ids",))) | ({"ts"} if args.faae else set())
         dataset = workload.record_dataset(workload.write_records(keys, rows, seed), args.batch, args.fields, features)
+    elif args.feed == "parquet":
+        features = set(peers.FEATURES.get(args.peer, ("ids",))) | ({"ts"} if args.faae else set())
+        dataset = workload.parquet_dataset(workload.write_parquet(keys, rows, seed), args.batch, args.fields, features,
+                                           shardrec_training=args.peer == "shardrec")
     else:
         dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.

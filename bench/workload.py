@@ -178,18 +178,14 @@ def serialized_examples(features):
     return out
 
 
-def write_records(keys, rows, seed, files=4):
-    """The batches as TFRecord files of tf.train.Example, one per sample ({"ids", "rows": the
-    sample's ids and pre-mapped rows}); written once into a folder under
-    the temporary directory named by the data's digest, reused by later runs. Returns the files in
-    reading order."""
-    import tensorflow as tf
-
+def _written_once(keys, rows, seed, kind, files, write_file):
+    """The batches written as `files` files into a folder under the temporary directory named by
+    the data's digest (write_file(path, samples) writes one: {"ids", "rows": [samples, fields]}),
+    once: later runs reuse them. Returns the files in reading order."""
     digest = hashlib.sha256(keys.data)
     digest.update(rows.data)
-    digest = digest.hexdigest()[:16]
-    folder = os.path.join(tempfile.gettempdir(), "shardrec-bench-records", f"{digest}-{seed}")
-    names = [os.path.join(folder, f"part-{i}.tfrecord") for i in range(files)]
+    folder = os.path.join(tempfile.gettempdir(), f"shardrec-bench-{kind}", f"{digest.hexdigest()[:16]}-{seed}")
+    names = [os.path.join(folder, f"part-{i}.{kind}") for i in range(files)]
     if all(os.path.exists(n) for n in names):
         return names
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -197,10 +193,8 @@ def write_records(keys, rows, seed, files=4):
     per_file = -(-len(keys) // files)
     for i in range(files):
         batches = slice(i * per_file, min(len(keys), (i + 1) * per_file))
-        samples = {"ids": keys[batches].reshape(-1, keys.shape[-1]), "rows": rows[batches].reshape(-1, rows.shape[-1])}
-        with tf.io.TFRecordWriter(os.path.join(staging, os.path.basename(names[i]))) as writer:
-            for record in serialized_examples(samples):
-                writer.write(record)
+        write_file(os.path.join(staging, os.path.basename(names[i])),
+                   {"ids": keys[batches].reshape(-1, keys.shape[-1]), "rows": rows[batches].reshape(-1, rows.shape[-1])})
     try:
         os.rename(staging, folder)
     except OSError:  # another process wrote the same data meanwhile
@@ -208,6 +202,20 @@ def write_records(keys, rows, seed, files=4):
 
         shutil.rmtree(staging, ignore_errors=True)
     return names
+
+
+def write_records(keys, rows, seed, files=4):
+    """The batches as TFRecord files of tf.train.Example, one per sample ({"ids", "rows": the
+    sample's ids and pre-mapped rows}); written once, reused by later runs. Returns the files in
+    reading order."""
+    import tensorflow as tf
+
+    def write_file(path, samples):
+        with tf.io.TFRecordWriter(path) as writer:
+            for record in serialized_examples(samples):
+                writer.write(record)
+
+    return _written_once(keys, rows, seed, "tfrecord", files, write_file)
 
 
 def record_dataset(files, batch, fields, features):
@@ -228,3 +236,44 @@ def record_dataset(files, batch, fields, features):
 
     dataset = tf.data.TFRecordDataset(files).repeat().batch(batch, drop_remainder=True).enumerate()
     return dataset.map(parse).prefetch(1)
+
+
+def write_parquet(keys, rows, seed, files=4, row_group_rows=16384):
+    """The same samples as write_records, as Parquet files laid out as a training reader wants them
+    (and as Criteo's data is): a scalar column a field ("ids_0".."ids_<F-1>", "rows_0"..), plain
+    encoding, no compression; row groups of `row_group_rows`. Decoding a list column's repetition
+    levels, a dictionary or Snappy costs more CPU per id than the whole feed otherwise does
+    (bench/README.md). Written once beside the records; returns the files in reading order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write_file(path, samples):
+        table = pa.table({f"{name}_{f}": np.ascontiguousarray(a[:, f]) for name, a in samples.items()
+                          for f in range(a.shape[1])})
+        pq.write_table(table, path, row_group_size=row_group_rows, use_dictionary=False, compression="none")
+
+    return _written_once(keys, rows, seed, "parquet", files, write_file)
+
+
+def parquet_dataset(files, batch, fields, features, shardrec_training):
+    """The Parquet feed: ParquetDataset over the files (epochs without end, as the records cycle),
+    {name: [batch, fields]} for `features` of "ids" and "rows" ("rows" as int32; the fields' columns
+    stacked by the reader: the feed's one copy), "ts" the step number; with the one-batch prefetch every peer gets.
+    shardrec_training: read as shardrec's training dataset (its rank's share, positions kept), else
+    as a plain reader of every file."""
+    import tensorflow as tf
+    from shardrec.rank_runtime import ParquetDataset
+
+    wanted = [k for k in ("ids", "rows") if k in features]
+    columns = {k: ("id", [f"{k}_{f}" for f in range(fields)]) for k in wanted}
+    reader = dict(training=True) if shardrec_training else dict(training=False, shard=(0, 1))
+    dataset = ParquetDataset(files, batch, columns, num_epochs=1 << 20, **reader).enumerate()
+
+    def adapt(step, parsed):
+        if "rows" in parsed:
+            parsed["rows"] = tf.cast(parsed["rows"], tf.int32)
+        if "ts" in features:
+            parsed["ts"] = tf.fill([batch], step)
+        return parsed
+
+    return dataset.map(adapt).prefetch(1)

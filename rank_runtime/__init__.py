@@ -17,7 +17,7 @@ _EXPORTS = {
     "FeatureSpec": ".pipeline.feature_spec",
     "GraphModifierHook": ".estimator.hooks",
     "Saver": ".checkpoint.saver",
-    "DirectoryStream": ".stream.directory",
+    "DirectoryStream": ".stream.directory", "ParquetDataset": ".input.parquet",
     "RedisStream": ".stream.redis_streams", "pack_records": ".stream.tfrecord_files",
     "get_asc_insert_func": ".pipeline.key_pipeline", "start_asc_pipeline": ".pipeline.key_pipeline",
     "sparse_lookup": ".pipeline.lookup",

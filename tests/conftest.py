@@ -13,13 +13,14 @@ from shardrec.rank_runtime.process import lifecycle  # noqa: E402
 
 # The files that take longest, longest first (seconds each on this 2-core VM in a clean clone's
 # `make test ARGS=--durations=0`, 2026-11-27: 323 for test_elastic down to 33 for test_estimator; 3412
-# in all): make test's two workers take a file at a time in collection order, so the longest go
-# first and no long file is left to run alone at the end.
+# in all; test_parquet_jobs and test_dlrm, about 70 s each, measured alone): make test's two workers
+# take a file at a time in collection order, so the longest go first and no long file is left to
+# run alone at the end.
 LONGEST_FIRST = ("test_elastic.py", "test_stream.py", "test_tiers.py", "test_incremental.py", "test_multi_host.py",
                  "test_supervisor.py", "test_demo.py", "test_bench_smoke.py", "test_checkpoint.py",
                  "test_multi_rank.py", "test_admission.py", "test_pooled_lookup.py", "test_live_serving.py",
-                 "test_exchange_faults.py", "test_serving.py", "test_setup.py", "test_row_dtypes.py",
-                 "test_expansion.py", "test_host_defaults.py", "test_table_only_model.py", "test_graph_modification.py",
+                 "test_exchange_faults.py", "test_parquet_jobs.py", "test_dlrm.py", "test_serving.py", "test_setup.py",
+                 "test_row_dtypes.py", "test_expansion.py", "test_host_defaults.py", "test_table_only_model.py", "test_graph_modification.py",
                  "test_stream_broker.py", "test_estimator.py")
 
 

@@ -17,7 +17,7 @@ PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=Tru
 # Folders of this repository: a code span starting with one of them names a path that must exist.
 TOP = ("rank_runtime/", "native/", "orchestrator/", "launch/", "tests/", "docker/", "examples/", "bench/",
        "scripts/", "mx_rec/", "docs/")
-COMMANDS = ("shardrec-run", "shardrec-ckpt", "shardrec-export", "shardrec-serve")
+COMMANDS = ("shardrec-run", "shardrec-ckpt", "shardrec-export", "shardrec-serve", "shardrec-convert")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

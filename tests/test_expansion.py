@@ -89,7 +89,7 @@ def _train_one_rank(expands, make_optimizer, data, initializer, batch=64, by_add
     emb = sparse_lookup(table, spec, batch=element)
     loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb, axis=[1, 2]) - element["y"]))
     if by_address:
-        from shardrec.rank_runtime.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
+        from shardrec.rank_runtime.optimizers.by_address import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 
         local = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
         addresses = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
@@ -147,7 +147,7 @@ def test_collections_hold_local_rows_and_addresses_of_the_batch_keys(graph):
     data = _data(64)
     table, iterator, train, element = _train_one_rank(True, lambda: create_hash_optimizer_by_address(0.01), data,
                                                       tf.compat.v1.constant_initializer(0.5), by_address=True)
-    from shardrec.rank_runtime.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
+    from shardrec.rank_runtime.optimizers.by_address import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 
     (local,), (addresses,) = (tf.compat.v1.get_collection(c) for c in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
                                                                       ASCEND_SPARSE_LOOKUP_ID_OFFSET))

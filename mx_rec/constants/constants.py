@@ -1,3 +1,3 @@
-from shardrec.rank_runtime.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
+from shardrec.rank_runtime.optimizers.by_address import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 
 __all__ = ["ASCEND_SPARSE_LOOKUP_ID_OFFSET", "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"]

@@ -13,17 +13,18 @@ from typing import Any
 import tensorflow as tf
 
 from ..process import config
-from ..constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET
 from ..validation import check_number
 from .adagrad import SparseAdagrad
 from .base import check_learning_rate
 from .gradient_descent import SparseGradientDescent
 from .lazy_adam import LazyAdam, check_adam_parameters
 
+# The graph collections that scripts written for the Rec SDK read.
+ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
+ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
+
 def record_lookup(table: Any, local_rows: tf.Tensor, addresses: tf.Tensor) -> None:
     """Called by sparse_lookup with dynamic expansion: files a lookup's rows and addresses."""
-    from ..constants import ASCEND_SPARSE_LOOKUP_LOCAL_EMB
-
     tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local_rows)
     tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
     table.record_address_lookup(addresses, local_rows)

@@ -1,9 +1,10 @@
-"""Trains from a DirectoryStream (or, with --broker, a RedisStream) until it is idle, saving every
+"""Trains from a DirectoryStream (or, with --broker, a RedisStream; with --parquet, a ParquetDataset
+of the Parquet files in --stream) until it is idle (or the files end), saving every
 --every steps; dumps what every rank holds at the end.
 
     mpiexec -np N python stream_job.py --stream DIR|NAME --partitions P --out DIR --tag T --model DIR
                                        [--broker URL] [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam]
-                                       [--idle S] [--access-threshold N]
+                                       [--idle S] [--access-threshold N] [--parquet]
 
 Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
 itself after the step that makes the global step STEP (a rank lost mid-run; under shardrec-run, in
@@ -11,8 +12,8 @@ the first attempt only). --idle 0: the stream waits for data for ever (the job r
 stopped). --step-delay S: a pause after every step, for tests that act on a running job.
 --wrong-step-at STEP: a save with global_step one lower than the graph's, which must fail.
 --die-in-save STEP: rank 1 SIGKILLs itself inside its save of STEP, its arrays written and its
-manifest not (in the first attempt only). --stop-at STEP: the job saves and ends at STEP, as a
-resize does (a phase of a reference run). Writes
+manifest not (in attempt --die-in-save-attempt, the first by default). --stop-at STEP: the job
+saves and ends at STEP, as a resize does (a phase of a reference run). Writes
 DIR/T-rank<r>-of<N>.npz: the table's keys, values (and slots) and access counts, the final step,
 and the records this process trained.
 """
@@ -26,9 +27,10 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, RedisStream, Saver, create_table,
+from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, ParquetDataset, RedisStream, Saver, create_table,
                                    get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id, get_rank_size, init,
                                    report, sparse_lookup, start_asc_pipeline)
+from shardrec.rank_runtime.stream.partitioned import training_stream
 
 FIELDS, DIM, BATCH = 3, 4, 8
 
@@ -62,6 +64,8 @@ def main():
     p.add_argument("--idle", type=float, default=3.0)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--die-in-save", type=int)
+    p.add_argument("--die-in-save-attempt", type=int, default=0)
+    p.add_argument("--parquet", action="store_true", help="--stream is a directory of Parquet files (ids, y)")
     p.add_argument("--stop-at", type=int, help="save and end after the step that makes the global step this")
     p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
     p.add_argument("--wrong-step-at", type=int, help="after the step that makes the global step this, a save that "
@@ -73,16 +77,21 @@ def main():
     init()
     rank, size = get_rank_id(), get_rank_size()
     idle = args.idle or None
-    first_attempt = os.environ.get("SHARDREC_ATTEMPT", "0") == "0"
-    if args.die_in_save is not None and rank == 1 and first_attempt:
+    attempt = int(os.environ.get("SHARDREC_ATTEMPT", "0"))
+    if args.die_in_save is not None and rank == 1 and attempt == args.die_in_save_attempt:
         die_in_save(f"model-{args.die_in_save}")
-    if args.broker:
+    spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
+    if args.parquet:
+        batches = ParquetDataset(args.stream, BATCH, {"ids": "ids", "y": "float"}, partitions=args.partitions)
+        stream = training_stream()
+    elif args.broker:
         stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05,
                              block_entries=16)
     else:
         stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05)
-    spec = FeatureSpec("ids", table_name="emb", access_threshold=args.access_threshold)
-    dataset = stream.dataset().batch(BATCH).map(parse).map(get_asc_insert_func([spec], is_training=True))
+    if not args.parquet:
+        batches = stream.dataset().batch(BATCH).map(parse)
+    dataset = batches.map(get_asc_insert_func([spec], is_training=True))
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
     batch = iterator.get_next()
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=2),
@@ -116,7 +125,7 @@ def main():
             at += 1
             report(step=at)
             time.sleep(args.step_delay)
-            if args.die_at == at and rank == 1 and first_attempt:
+            if args.die_at == at and rank == 1 and attempt == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.stop_at == at:
                 break

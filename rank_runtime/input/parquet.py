@@ -1,0 +1,363 @@
+"""Parquet files read as training batches with Apache Arrow's reader: only the declared columns,
+a row group at a time, cut into batches of columns (columns.py) with no per-row parsing.
+
+Row groups are the unit of work. The files' row groups, in the order of the files (as given, or a
+directory's *.parquet by name) and of their row groups, are dealt to `partitions`: row group g
+to partition g % partitions, and partition i is read by rank i % world size, so every row is read
+by exactly one rank. A partition is a sequence: its row groups, once an epoch, in their order or,
+with a shuffle seed, in an order drawn from (seed, epoch, partition), each row group's rows
+shuffled too (the shuffle buffer is one row group). A rank takes a row group from each of its
+partitions in turn. Everything is a function of the files and the parameters, so every rank
+knows every partition's sequence.
+
+Exactly once: a partition's position is how many rows of its sequence training took (and the file
+of the last one, to check that the files are the same). Every checkpoint holds each partition's
+position (stream/cursor.py, as for the streams); a restore, into the same ranks or other ones,
+starts every partition there. For a job that changes its rank count keep `partitions` fixed
+(at least the most ranks it runs on): its default is the rank count of the first run.
+"""
+import collections
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from ..formats.stream_positions import PartitionPosition
+from ..process import config
+from ..process.logs import get_logger
+from ..stream.cursor import StreamCursor
+from ..stream.partitioned import PartitionedStream, PartitionLag
+from ..validation import check_bool, check_int
+from .columns import Column, ParquetInputError, batch_arrays, column_of, declared, null_column
+
+log = get_logger("shardrec.input")
+OWNER = "ParquetDataset"
+OPEN_FILES = 8  # ParquetFile handles kept open by a reader
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    file: int  # index into the dataset's paths
+    group: int
+    rows: int
+
+
+def _paths(files: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]) -> List[str]:
+    if isinstance(files, (str, os.PathLike)):
+        path = os.fspath(files)
+        if os.path.isdir(path):
+            found = sorted(n for n in os.listdir(path) if n.endswith(".parquet") and not n.startswith("."))
+            if not found:
+                raise ParquetInputError(f"{OWNER}: directory {path!r} holds no *.parquet file")
+            return [os.path.join(path, n) for n in found]
+        files = [path]
+    if isinstance(files, (bytes, Mapping)) or not isinstance(files, Sequence) or not files:
+        raise TypeError(f"{OWNER}: parameter 'files' must be a directory, a file path or a non-empty list of file "
+                        f"paths, got {files!r}")
+    out = []
+    for f in files:
+        if not isinstance(f, (str, os.PathLike)):
+            raise TypeError(f"{OWNER}: parameter 'files' holds {f!r}; every entry must be a file path")
+        out.append(os.fspath(f))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{OWNER}: parameter 'files' names a file twice: every row is read once")
+    return out
+
+
+def _open(path: str) -> pq.ParquetFile:
+    if not os.path.isfile(path):
+        raise ParquetInputError(f"{OWNER}: {path!r} is not a file")
+    if os.path.getsize(path) == 0:
+        raise ParquetInputError(f"{OWNER}: {path!r} is empty (0 bytes), not a Parquet file: remove it or write it "
+                                "again")
+    try:
+        return pq.ParquetFile(path, memory_map=True)
+    except (pa.ArrowException, OSError) as e:
+        raise ParquetInputError(f"{OWNER}: {path!r} cannot be read as Parquet ({' '.join(str(e).split())}): the file is damaged or of "
+                                "another format") from None
+
+
+class _Piece:
+    """Rows of a row group not yet in a batch: a slice of it, or in a shuffled read a slice of its
+    rows' order (gathered when the batch is made: the one copy of a shuffled batch)."""
+
+    def __init__(self, table: pa.Table, order: Optional[np.ndarray]):
+        self._table, self._order = table, order
+        self.rows = table.num_rows if order is None else len(order)
+
+    def cut(self, start: int, stop: Optional[int] = None) -> "_Piece":
+        stop = self.rows if stop is None else stop
+        if self._order is None:
+            return _Piece(self._table.slice(start, stop - start), None)
+        return _Piece(self._table, self._order[start:stop])
+
+    def table(self) -> pa.Table:
+        return self._table if self._order is None else self._table.take(self._order)
+
+
+class ParquetSource(PartitionedStream):
+    """The reader behind ParquetDataset(); `training_stream()` returns it while it is the
+    dataset training reads."""
+
+    def __init__(self, files, batch_size: int, columns: Mapping[str, Any], partitions: Optional[int] = None,
+                 num_epochs: int = 1, shuffle_seed: Optional[int] = None, drop_remainder: bool = True,
+                 training: bool = True, shard: Optional[Tuple[int, int]] = None):
+        self.paths = _paths(files)
+        self.batch_size = check_int(OWNER, "batch_size", batch_size, 1, 1 << 24)
+        self.num_epochs = check_int(OWNER, "num_epochs", num_epochs, 1, 1 << 20)
+        if shuffle_seed is not None:
+            check_int(OWNER, "shuffle_seed", shuffle_seed, 0, 2**63 - 1)
+        self.shuffle_seed = shuffle_seed
+        self.drop_remainder = check_bool(OWNER, "drop_remainder", drop_remainder)
+        self.training = check_bool(OWNER, "training", training)
+        wanted = declared(columns, OWNER)
+        self._types: Dict[str, pa.DataType] = {}  # the first file's Arrow type of each declared column
+        if shard is not None:
+            if training:
+                raise ValueError(f"{OWNER}: parameter 'shard' is for a dataset read outside shardrec's training "
+                                 "(training=False): a training dataset reads the shard of its rank")
+            if not (isinstance(shard, tuple) and len(shard) == 2 and all(isinstance(x, int) for x in shard) and
+                    0 <= shard[0] < shard[1]):
+                raise ValueError(f"{OWNER}: parameter 'shard' must be (rank, size) with 0 <= rank < size, got {shard!r}")
+        self.shard = shard
+        if partitions is None:
+            partitions = shard[1] if shard is not None else config.get_config().size
+        super().__init__(OWNER, f"{len(self.paths)} Parquet file(s) under "
+                                f"{os.path.commonpath([os.path.abspath(p) for p in self.paths])!r}", partitions, None)
+        self.columns, self.groups = self._check_files(wanted)
+        self._files: "collections.OrderedDict[int, pq.ParquetFile]" = collections.OrderedDict()
+        self._sequences: Dict[str, Tuple[List[RowGroup], np.ndarray]] = {}
+
+    # ----- what the files hold, checked on every rank before anything is read
+    def _check_files(self, wanted: List[Tuple[str, str, str, int, int]]) -> Tuple[List[Column], List[RowGroup]]:
+        columns: List[Column] = []
+        groups: List[RowGroup] = []
+        first = ""
+        for i, path in enumerate(self.paths):
+            f = _open(path)
+            schema = f.schema_arrow
+            where = f"{OWNER}: {path!r}"
+            missing = [name for name, *_ in wanted if schema.get_field_index(name) < 0]
+            if missing:
+                raise ParquetInputError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: "
+                                        f"{', '.join(schema.names)}")
+            these = [dataclasses.replace(column_of(name, kind, schema.field(name).type, where), group=group, slot=slot,
+                                         width=width) for name, kind, group, slot, width in wanted]
+            if not columns:
+                columns, first = these, path
+            else:
+                for c, have in zip(columns, these):
+                    if (c.kind, c.fixed) != (have.kind, have.fixed) or \
+                            schema.field(c.name).type != self._types[c.name]:
+                        raise ParquetInputError(f"{where}: column {c.name!r} is {schema.field(c.name).type}, but in "
+                                                f"{first!r} it is {self._types[c.name]}: every file must have the "
+                                                "same schema for the declared columns")
+            if i == 0:
+                self._types = {name: schema.field(name).type for name, *_ in wanted}
+            rows = 0
+            for g in range(f.metadata.num_row_groups):
+                n = f.metadata.row_group(g).num_rows
+                if n:
+                    groups.append(RowGroup(i, g, n))
+                    rows += n
+            if not rows:
+                raise ParquetInputError(f"{where} holds no rows: remove it from the input")
+        if len(groups) < self.partitions:
+            raise ParquetInputError(f"{OWNER}: the files hold {len(groups)} row group(s) for {self.partitions} "
+                                    "partitions; every partition needs one: give fewer partitions or write smaller row "
+                                    "groups (shardrec-convert --row-group-rows)")
+        return columns, groups
+
+    # ----- a partition's sequence: its row groups once an epoch
+    def _sequence(self, partition: str) -> Tuple[List[RowGroup], np.ndarray]:
+        """The partition's row groups (of one epoch, in file order) and the ends of their rows."""
+        if partition not in self._sequences:
+            p = int(partition)
+            mine = [g for k, g in enumerate(self.groups) if k % self.partitions == p]
+            self._sequences[partition] = (mine, np.cumsum([g.rows for g in mine]))
+        return self._sequences[partition]
+
+    def _order(self, partition: str, epoch: int) -> np.ndarray:
+        mine, _ = self._sequence(partition)
+        if self.shuffle_seed is None:
+            return np.arange(len(mine))
+        return np.random.default_rng([self.shuffle_seed, epoch, int(partition)]).permutation(len(mine))
+
+    def _locate(self, partition: str, row: int) -> Tuple[int, int, int]:
+        """(epoch, index in that epoch's order, row within the row group) of the partition's row."""
+        mine, _ = self._sequence(partition)
+        per_epoch = sum(g.rows for g in mine)
+        epoch, at = divmod(row, per_epoch)
+        ends = np.cumsum([mine[k].rows for k in self._order(partition, epoch)])
+        index = int(np.searchsorted(ends, at, side="right"))
+        return epoch, index, at - (int(ends[index - 1]) if index else 0)
+
+    def _total(self, partition: str) -> int:
+        mine, ends = self._sequence(partition)
+        return int(ends[-1]) * self.num_epochs
+
+    def _group_at(self, partition: str, epoch: int, index: int) -> RowGroup:
+        mine, _ = self._sequence(partition)
+        return mine[int(self._order(partition, epoch)[index])]
+
+    # ----- reading
+    def _file(self, i: int) -> pq.ParquetFile:
+        f = self._files.pop(i, None) or _open(self.paths[i])
+        self._files[i] = f
+        while len(self._files) > OPEN_FILES:
+            self._files.popitem(last=False)
+        return f
+
+    def _read_group(self, g: RowGroup) -> pa.Table:
+        path, names = self.paths[g.file], [c.name for c in self.columns]
+        try:
+            table = self._file(g.file).read_row_group(g.group, columns=names, use_threads=False)
+        except (pa.ArrowException, OSError) as e:
+            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group}, column {self._failing(g, names)!r}: "
+                                    f"cannot be read ({' '.join(str(e).split())}); the file is damaged: write it again") from None
+        if table.num_rows != g.rows:
+            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group} holds {table.num_rows} rows, its footer "
+                                    f"says {g.rows}: the file is damaged")
+        bad = null_column(table, self.columns)
+        if bad:
+            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group}, column {bad!r}: missing values (null); "
+                                    "every declared column needs a value in every row (and in every list)")
+        return table
+
+    def _order_of(self, g: RowGroup, epoch: int, partition: str) -> Optional[np.ndarray]:
+        """A shuffled read's order of the row group's rows (None: file order)."""
+        if self.shuffle_seed is None:
+            return None
+        return np.random.default_rng([self.shuffle_seed, epoch, int(partition), g.file, g.group]).permutation(g.rows)
+
+    def _failing(self, g: RowGroup, names: Sequence[str]) -> str:
+        """The first column of a row group that does not read (for the message)."""
+        for name in names:
+            try:
+                self._file(g.file).read_row_group(g.group, columns=[name], use_threads=False)
+            except (pa.ArrowException, OSError):
+                return name
+        return "?"
+
+    def _start(self, partition: str, at: PartitionPosition) -> int:
+        """The partition's row where reading starts, checked against the file the position names."""
+        row = at.offset
+        if row > self._total(partition):
+            raise ParquetInputError(f"{OWNER}: the checkpoint's position of partition {partition} is row {row}, past "
+                                    f"the {self._total(partition)} rows it holds now: the files changed since the save")
+        if row and at.file is not None:
+            epoch, index, _ = self._locate(partition, row - 1)
+            here = os.path.basename(self.paths[self._group_at(partition, epoch, index).file])
+            if here != at.file:
+                raise ParquetInputError(
+                    f"{OWNER}: the checkpoint's position of partition {partition} is row {row} of its sequence, in "
+                    f"{at.file!r}, but the files given put that row in {here!r}: the files, their order or their "
+                    "row groups changed since the save; train from the same files")
+        return row
+
+    def _slices(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator["_Piece"]:
+        """Row group slices in reading order, each logged to the cursor as it is handed out."""
+        owned = list(self.owned)
+        rows = {p: self._start(p, cursor.initial[p]) for p in owned}
+        turn = 0
+        if resume in owned:
+            _, _, within = self._locate(resume, rows[resume]) if rows[resume] < self._total(resume) else (0, 0, 0)
+            turn = (owned.index(resume) + (within == 0 and rows[resume] > 0)) % len(owned)
+        while True:
+            live = [p for p in owned if rows[p] < self._total(p)]
+            if not live:
+                return
+            while owned[turn % len(owned)] not in live:
+                turn += 1
+            partition = owned[turn % len(owned)]
+            turn = (turn + 1) % len(owned)
+            epoch, index, within = self._locate(partition, rows[partition])
+            g = self._group_at(partition, epoch, index)
+            piece = _Piece(self._read_group(g), self._order_of(g, epoch, partition)).cut(within)
+            cursor.handed(partition, os.path.basename(self.paths[g.file]), rows[partition], piece.rows)
+            rows[partition] += piece.rows
+            yield piece
+
+    def _read(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator[Dict[str, np.ndarray]]:
+        """Batches of batch_size rows (the last one shorter unless drop_remainder)."""
+        pending: "collections.deque[_Piece]" = collections.deque()
+        held = 0
+        size = self.batch_size
+        for piece in self._slices(cursor, resume):
+            pending.append(piece)
+            held += piece.rows
+            while held >= size:
+                parts, need = [], size
+                while need:
+                    part = pending.popleft()
+                    if part.rows > need:
+                        pending.appendleft(part.cut(need))
+                        part = part.cut(0, need)
+                    parts.append(part.table())
+                    need -= part.rows
+                held -= size
+                yield batch_arrays(parts[0] if len(parts) == 1 else pa.concat_tables(parts), self.columns)
+        if held and not self.drop_remainder:
+            yield batch_arrays(pa.concat_tables([p.table() for p in pending]), self.columns)
+
+    def _signature(self) -> Dict[str, tf.TensorSpec]:
+        b = self.batch_size if self.drop_remainder else None
+        out = {}
+        for c in self.columns:
+            dtype = tf.int64 if c.kind in ("id", "ids") else tf.float32
+            if c.group:
+                out[c.group] = tf.TensorSpec([b, c.width], dtype)
+            elif c.ragged:
+                out[c.name + "/values"] = tf.TensorSpec([None], dtype)
+                out[c.name + "/row_splits"] = tf.TensorSpec([None if b is None else b + 1], tf.int64)
+            else:
+                out[c.name] = tf.TensorSpec([b] + ([c.fixed] if c.fixed else []), dtype)
+        return out
+
+    def _records(self) -> tf.data.Dataset:
+        batches = tf.data.Dataset.from_generator(self._generator, output_signature=self._signature())
+        ragged = [c.name for c in self.columns if c.ragged]
+        if not ragged:
+            return batches
+
+        def assemble(flat):
+            out = {c.group or c.name: flat[c.group or c.name] for c in self.columns if not c.ragged}
+            for name in ragged:
+                out[name] = tf.RaggedTensor.from_row_splits(flat[name + "/values"], flat[name + "/row_splits"],
+                                                            validate=False)
+            return out
+        return batches.map(tf.autograph.experimental.do_not_convert(assemble))
+
+    def _prepare(self) -> None:
+        pass
+
+    def dataset(self) -> tf.data.Dataset:
+        if self.training:
+            return super().dataset()
+        rank, size = self.shard or (config.get_config().rank, config.get_config().size)
+        self.owned = [n for i, n in enumerate(self.names) if i % size == rank]
+        self.cursor = StreamCursor({p: PartitionPosition(None, 0) for p in self.owned})
+        return self._records()
+
+    def lag(self) -> Dict[str, PartitionLag]:
+        return {p: PartitionLag(at.offset, self._total(p) - at.offset, 0.0) for p, at in self.cursor.latest().items()}
+
+
+def ParquetDataset(files, batch_size: int, columns: Mapping[str, Any], *, partitions: Optional[int] = None,
+                   num_epochs: int = 1, shuffle_seed: Optional[int] = None, drop_remainder: bool = True,
+                   training: bool = True, shard: Optional[Tuple[int, int]] = None) -> tf.data.Dataset:
+    """Batches of `batch_size` rows of Parquet `files` (a directory, a path or a list of paths) as
+    a dict of tensors, one per declared column ({name: "id" | "ids" | "float" | "floats"}, or
+    {name: ("id" | "float", [scalar columns])} for those columns stacked as one [batch, k] tensor;
+    see input/columns.py), for `dataset.map(get_asc_insert_func(...))`. Call after init(). A training
+    dataset's positions are in every checkpoint (exactly once through restores and resizes);
+    training=False for an evaluation dataset, which every rank reads its share of from the start;
+    with shard=(rank, size) as well, a process outside shardrec (a peer, a converter's check) reads
+    that share without init()."""
+    return ParquetSource(files, batch_size, columns, partitions, num_epochs, shuffle_seed, drop_remainder,
+                         training, shard).dataset()
