@@ -78,8 +78,8 @@ def _open(path: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path, memory_map=True)
     except (pa.ArrowException, OSError) as e:
-        raise ParquetInputError(f"{OWNER}: {path!r} cannot be read as Parquet ({' '.join(str(e).split())}): the file is damaged or of "
-                                "another format") from None
+        raise ParquetInputError(f"{OWNER}: {path!r} cannot be read as Parquet ({' '.join(str(e).split())}): the "
+                                "file is damaged or of another format") from None
 
 
 class _Piece:
@@ -219,7 +219,8 @@ class ParquetSource(PartitionedStream):
             table = self._file(g.file).read_row_group(g.group, columns=names, use_threads=False)
         except (pa.ArrowException, OSError) as e:
             raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group}, column {self._failing(g, names)!r}: "
-                                    f"cannot be read ({' '.join(str(e).split())}); the file is damaged: write it again") from None
+                                    f"cannot be read ({' '.join(str(e).split())}); the file is damaged: write it "
+                                    "again") from None
         if table.num_rows != g.rows:
             raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group} holds {table.num_rows} rows, its footer "
                                     f"says {g.rows}: the file is damaged")
