@@ -190,16 +190,14 @@ class ParquetSource(PartitionedStream):
 
     def _locate(self, partition: str, row: int) -> Tuple[int, int, int]:
         """(epoch, index in that epoch's order, row within the row group) of the partition's row."""
-        mine, _ = self._sequence(partition)
-        per_epoch = sum(g.rows for g in mine)
-        epoch, at = divmod(row, per_epoch)
+        mine, ends = self._sequence(partition)
+        epoch, at = divmod(row, int(ends[-1]))
         ends = np.cumsum([mine[k].rows for k in self._order(partition, epoch)])
         index = int(np.searchsorted(ends, at, side="right"))
         return epoch, index, at - (int(ends[index - 1]) if index else 0)
 
     def _total(self, partition: str) -> int:
-        mine, ends = self._sequence(partition)
-        return int(ends[-1]) * self.num_epochs
+        return int(self._sequence(partition)[1][-1]) * self.num_epochs
 
     def _group_at(self, partition: str, epoch: int, index: int) -> RowGroup:
         mine, _ = self._sequence(partition)
