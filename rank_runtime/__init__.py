@@ -18,6 +18,7 @@ _EXPORTS = {
     "GraphModifierHook": ".estimator.hooks",
     "Saver": ".checkpoint.saver",
     "DirectoryStream": ".stream.directory", "ParquetDataset": ".input.parquet",
+    "ParquetDirectoryStream": ".input.parquet_stream",
     "RedisStream": ".stream.redis_streams", "pack_records": ".stream.tfrecord_files",
     "get_asc_insert_func": ".pipeline.key_pipeline", "start_asc_pipeline": ".pipeline.key_pipeline",
     "sparse_lookup": ".pipeline.lookup",

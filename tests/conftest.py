@@ -1,4 +1,9 @@
+import fcntl
+import gc
+import json
 import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -6,6 +11,7 @@ import tensorflow as tf
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf.compat.v1.disable_eager_execution()
+gc.freeze()  # TensorFlow's modules out of the collector's way, as init() does in a rank
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from shardrec.rank_runtime.process import lifecycle  # noqa: E402
@@ -56,14 +62,25 @@ def runtime(graph):
 
 
 @pytest.fixture(scope="session")
-def reference_run(tmp_path_factory):
+def reference_run(tmp_path_factory, worker_id):
     """The supervisor's test job run once without faults on one host (tests/supervisor_helpers.py),
-    with a memory share low enough that every rank is reported: the oracle of every supervised run."""
+    with a memory share low enough that every rank is reported: the oracle of every supervised run.
+    Once for the whole session: under xdist the first worker that asks runs it in the session's
+    shared temporary directory, under a lock, and the others read what it left there."""
     from supervisor_helpers import train
 
-    proc, out, run = train(tmp_path_factory.mktemp("reference"), "ref", extra=("--memory-share", 0.001))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc, out, run
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    done = shared / "reference-run.json"
+    with open(shared / "reference-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            (shared / "reference").mkdir()
+            proc, out, run = train(shared / "reference", "ref", extra=("--memory-share", 0.001))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            done.write_text(json.dumps({"args": proc.args, "stderr": proc.stderr, "out": str(out), "run": str(run)}))
+        saved = json.loads(done.read_text())
+    proc = subprocess.CompletedProcess(saved["args"], 0, "", saved["stderr"])
+    return proc, pathlib.Path(saved["out"]), pathlib.Path(saved["run"])
 
 
 @pytest.fixture(scope="session")

@@ -16,24 +16,50 @@ from shardrec.rank_runtime.stream import pack_records
 FIELDS = 3
 
 
-def events(partitions, files, records, seed=0, ids_by_file=None):
-    """{(file, partition): serialized tf.train.Example records}, and every record's ids (the same
-    first files whatever `files` is). ids_by_file: a dict that gets each file's ids."""
+def draws(partitions, files, records, seed=0):
+    """{(file, partition): (ids [records, FIELDS], y [records])}, the same first files whatever
+    `files` is."""
     rng = np.random.default_rng(seed)
     pool = rng.integers(0, 2**40, size=200)
-    out, written = {}, []
+    out = {}
     for f in range(files):
         for p in range(partitions):
             ids = pool[np.minimum(rng.geometric(0.03, size=(records, FIELDS)) - 1, len(pool) - 1)]
-            ys = rng.normal(size=records).astype(np.float32)
-            out[f, p] = [tf.train.Example(features=tf.train.Features(feature={
-                "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
-                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString()
-                for row, y in zip(ids, ys)]
-            written.append(ids)
-            if ids_by_file is not None:
-                ids_by_file[f, p] = ids
+            out[f, p] = ids, rng.normal(size=records).astype(np.float32)
+    return out
+
+
+def events(partitions, files, records, seed=0, ids_by_file=None):
+    """{(file, partition): serialized tf.train.Example records} of draws(), and every record's ids.
+    ids_by_file: a dict that gets each file's ids."""
+    out, written = {}, []
+    for (f, p), (ids, ys) in draws(partitions, files, records, seed).items():
+        out[f, p] = [tf.train.Example(features=tf.train.Features(feature={
+            "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
+            "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))})).SerializeToString()
+            for row, y in zip(ids, ys)]
+        written.append(ids)
+        if ids_by_file is not None:
+            ids_by_file[f, p] = ids
     return out, np.concatenate(written)
+
+
+def produce_parquet(root, partitions, files, records, seed=0, row_group_rows=10):
+    """The records of produce() as Parquet files (ids as scalar columns ids0.., y), written under a
+    dot-name and renamed into place; returns every record's ids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    written = []
+    for (f, p), (ids, ys) in draws(partitions, files, records, seed).items():
+        folder = os.path.join(root, str(p))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".events-{f:05d}.parquet")
+        pq.write_table(pa.table({**{f"ids{i}": ids[:, i] for i in range(FIELDS)}, "y": ys}), tmp,
+                       row_group_size=row_group_rows)
+        os.rename(tmp, os.path.join(folder, f"events-{f:05d}.parquet"))
+        written.append(ids)
+    return np.concatenate(written)
 
 
 def produce(root, partitions, files, records, seed=0, only_files=None):

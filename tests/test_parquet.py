@@ -224,3 +224,38 @@ def test_a_group_of_scalar_columns_is_one_stacked_tensor(tmp_path, runtime):
         ParquetDataset(str(tmp_path / "d"), 10, {"cat": ("ids", ["tags"])})
     with pytest.raises(ValueError, match=r"column 'x' is declared twice"):
         ParquetDataset(str(tmp_path / "d"), 10, {"cat": ("float", ["x"]), "x": "float"})
+
+
+def _drop(folder, name, table, row_group_rows=64):
+    """A producer's file: written under a dot-name, renamed into place."""
+    os.makedirs(folder, exist_ok=True)
+    pq.write_table(table, os.path.join(folder, "." + name), row_group_size=row_group_rows)
+    os.rename(os.path.join(folder, "." + name), os.path.join(folder, name))
+
+
+def test_a_parquet_directory_stream_reads_on_from_a_position_and_stops_at_a_file_of_another_schema(tmp_path):
+    """The stream's reader alone (no MPI): from a saved position (row 100 of the first file) it hands
+    out every later row once, in batches that cross row groups and files, a fixed-size list as
+    ragged rows, as pyarrow reads them; a file whose column changed type stops it, naming the file."""
+    from shardrec.rank_runtime import ParquetDirectoryStream
+    from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
+    from stream_helpers import reader
+
+    table = _table()
+    _drop(tmp_path / "0", "a.parquet", table.slice(0, 400))
+    _drop(tmp_path / "0", "b.parquet", table.slice(400, 300), row_group_rows=50)
+    columns = {"id": "id", "pair": "ids", "tags": "ids", "x": "float"}
+    stream = ParquetDirectoryStream(tmp_path, 1, 64, columns, idle_timeout_s=0.3, poll_s=0.05)
+    batches = list(reader(stream, {"0": PartitionPosition("a.parquet", 100)}))
+    assert [len(b["id"]) for b in batches] == [64] * 9  # 600 rows: 9 full batches, 24 left (drop_remainder)
+    want = table.slice(100, 576).to_pydict()
+    np.testing.assert_array_equal(np.concatenate([b["id"] for b in batches]), want["id"])
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), np.float32(want["x"]))
+    for name in ("pair", "tags"):
+        rows = [list(b[name + "/values"][s:e]) for b in batches
+                for s, e in zip(b[name + "/row_splits"][:-1], b[name + "/row_splits"][1:])]
+        assert rows == want[name], name
+    _drop(tmp_path / "0", "c.parquet", table.cast(table.schema.set(0, pa.field("id", pa.int32())), safe=False))
+    with pytest.raises(ValueError, match=r"ParquetDirectoryStream: '.*/0/c.parquet': column 'id' is int32, but in "
+                                         r"'.*/0/a.parquet' it is int64"):
+        list(reader(stream, {"0": PartitionPosition("b.parquet", 300)}))

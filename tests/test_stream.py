@@ -18,7 +18,7 @@ from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
 from shardrec.rank_runtime.formats.stream_positions import PartitionPosition
 from shardrec.rank_runtime.stream import StreamFileError
 from shardrec.rank_runtime.stream.tfrecord_files import count_records
-from stream_helpers import FIELDS, counted, events, produce, publish, reader
+from stream_helpers import FIELDS, counted, events, produce, produce_parquet, publish, reader
 
 def test_a_file_is_counted_by_its_framing_and_a_cut_one_is_named(tmp_path):
     produce(tmp_path, 1, 1, 7)
@@ -89,20 +89,22 @@ def _load(out, tag, size):
     return parts, keys[order], np.concatenate([p["values"] for p in parts])[order]
 
 
-@pytest.mark.parametrize("source", ["directory", "redis"])
+@pytest.mark.parametrize("source", ["directory", "redis", "parquet"])
 def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stood(tmp_path, source, request):
     """4 partitions, 2 ranks, batches of 8: 3 files of 24 records a partition are 18 steps. Rank 1
     is SIGKILLed after step 7 (checkpoints every 5 steps: the latest is step 5, and tf.data had
     read ahead of it); the restarted job resumes from step 5 and ends with the tables, bit for
     bit, of a job that was never stopped, having trained each record once; so does the job under
     the supervisor with rank 1 killed inside its save of step 10. The same records from a
-    directory of files (SGD), and from Redis streams (lazy Adam) in blocks of 16 entries of 5, 1, 7
-    and 4 records in turn, so that the save cuts a packed entry."""
-    if source == "directory":
+    directory of TFRecord files (SGD), from Redis streams (lazy Adam) in blocks of 16 entries of 5,
+    1, 7 and 4 records in turn, so that the save cuts a packed entry, and from a directory of
+    Parquet files in row groups of 10 (SGD), so that batches and saves cut row groups."""
+    if source in ("directory", "parquet"):
         stream = tmp_path / "stream"
-        ids = produce(stream, 4, 3, 24)
-        where = ["--stream", stream]
-        ends = {str(p): PartitionPosition("events-00002.tfrecord", 24) for p in range(4)}
+        ids = (produce if source == "directory" else produce_parquet)(stream, 4, 3, 24)
+        where = ["--stream", stream] + (["--parquet-stream"] if source == "parquet" else [])
+        ends = {str(p): PartitionPosition(f"events-00002.{'tfrecord' if source == 'directory' else 'parquet'}", 24)
+                for p in range(4)}
     else:
         import redis
 
@@ -113,7 +115,7 @@ def test_a_rank_killed_mid_run_resumes_every_partition_where_its_checkpoint_stoo
         ends = {str(p): PartitionPosition(client.xrevrange(f"{name}:{p}", count=1)[0][0].decode(), 3 * 7)
                 for p in range(4)}
     common = [*where, "--partitions", 4, "--out", tmp_path, "--every", 5, "--idle", 2, "--access-threshold", 3,
-              "--optimizer", "sgd" if source == "directory" else "lazy_adam"]
+              "--optimizer", "lazy_adam" if source == "redis" else "sgd"]
     check(mpiexec(2, "stream_job.py", *common, "--tag", "straight", "--model", tmp_path / "straight", timeout=240))
     killed = mpiexec(2, "stream_job.py", *common, "--tag", "killed", "--model", tmp_path / "resumed", "--die-at", 7,
                      timeout=240)

@@ -158,6 +158,10 @@ def column_arrays(array: pa.Array, column: Column) -> Tuple[np.ndarray, ...]:
     values = _values(flat, column)
     if column.fixed:
         return (values.reshape(len(array), column.fixed),)
+    if pa.types.is_fixed_size_list(array.type):  # declared ragged (a stream's list columns are)
+        splits = aligned_empty(len(array) + 1, np.int64)
+        np.multiply(np.arange(len(array) + 1, dtype=np.int64), array.type.list_size, out=splits)
+        return values, splits
     offsets = array.offsets.to_numpy()
     return values, _converted(offsets - offsets[0], np.dtype(np.int64))
 

@@ -20,7 +20,7 @@ import collections
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -69,20 +69,73 @@ def _paths(files: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]) ->
     return out
 
 
-def _open(path: str) -> pq.ParquetFile:
+def open_file(path: str, owner: str = OWNER) -> pq.ParquetFile:
     if not os.path.isfile(path):
-        raise ParquetInputError(f"{OWNER}: {path!r} is not a file")
+        raise ParquetInputError(f"{owner}: {path!r} is not a file")
     if os.path.getsize(path) == 0:
-        raise ParquetInputError(f"{OWNER}: {path!r} is empty (0 bytes), not a Parquet file: remove it or write it "
+        raise ParquetInputError(f"{owner}: {path!r} is empty (0 bytes), not a Parquet file: remove it or write it "
                                 "again")
     try:
         return pq.ParquetFile(path, memory_map=True)
     except (pa.ArrowException, OSError) as e:
-        raise ParquetInputError(f"{OWNER}: {path!r} cannot be read as Parquet ({' '.join(str(e).split())}): the "
+        raise ParquetInputError(f"{owner}: {path!r} cannot be read as Parquet ({' '.join(str(e).split())}): the "
                                 "file is damaged or of another format") from None
 
 
-class _Piece:
+def read_group(f: pq.ParquetFile, path: str, group: int, rows: int, columns: Sequence[Column],
+               owner: str) -> pa.Table:
+    """The declared columns of a row group, checked: readable, as many rows as the footer says,
+    no missing value."""
+    names = [c.name for c in columns]
+    try:
+        table = f.read_row_group(group, columns=names, use_threads=False)
+    except (pa.ArrowException, OSError) as e:
+        raise ParquetInputError(f"{owner}: {path!r} row group {group}, column {_failing(f, group, names)!r}: "
+                                f"cannot be read ({' '.join(str(e).split())}); the file is damaged: write it "
+                                "again") from None
+    if table.num_rows != rows:
+        raise ParquetInputError(f"{owner}: {path!r} row group {group} holds {table.num_rows} rows, its footer "
+                                f"says {rows}: the file is damaged")
+    bad = null_column(table, columns)
+    if bad:
+        raise ParquetInputError(f"{owner}: {path!r} row group {group}, column {bad!r}: missing values (null); "
+                                "every declared column needs a value in every row (and in every list)")
+    return table
+
+
+def _failing(f: pq.ParquetFile, group: int, names: Sequence[str]) -> str:
+    """The first column of a row group that does not read (for the message)."""
+    for name in names:
+        try:
+            f.read_row_group(group, columns=[name], use_threads=False)
+        except (pa.ArrowException, OSError):
+            return name
+    return "?"
+
+
+def file_columns(f: pq.ParquetFile, path: str, wanted: Sequence[Tuple[str, str, str, int, int]],
+                 owner: str) -> List[Column]:
+    """The declared columns (columns.declared()) as a file holds them, each checked against its type."""
+    schema = f.schema_arrow
+    where = f"{owner}: {path!r}"
+    missing = [name for name, *_ in wanted if schema.get_field_index(name) < 0]
+    if missing:
+        raise ParquetInputError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: "
+                                f"{', '.join(schema.names)}")
+    return [dataclasses.replace(column_of(name, kind, schema.field(name).type, where), group=group, slot=slot,
+                                width=width) for name, kind, group, slot, width in wanted]
+
+
+def same_types(types: Dict[str, pa.DataType], f: pq.ParquetFile, path: str, first: str, owner: str) -> None:
+    """Every declared column of `f` has the Arrow type it has in the file `first` (types)."""
+    for name, t in types.items():
+        have = f.schema_arrow.field(name).type
+        if have != t:
+            raise ParquetInputError(f"{owner}: {path!r}: column {name!r} is {have}, but in {first!r} it is {t}: every "
+                                    "file must have the same schema for the declared columns")
+
+
+class Piece:
     """Rows of a row group not yet in a batch: a slice of it, or in a shuffled read a slice of its
     rows' order (gathered when the batch is made: the one copy of a shuffled batch)."""
 
@@ -90,11 +143,11 @@ class _Piece:
         self._table, self._order = table, order
         self.rows = table.num_rows if order is None else len(order)
 
-    def cut(self, start: int, stop: Optional[int] = None) -> "_Piece":
+    def cut(self, start: int, stop: Optional[int] = None) -> "Piece":
         stop = self.rows if stop is None else stop
         if self._order is None:
-            return _Piece(self._table.slice(start, stop - start), None)
-        return _Piece(self._table, self._order[start:stop])
+            return Piece(self._table.slice(start, stop - start), None)
+        return Piece(self._table, self._order[start:stop])
 
     def table(self) -> pa.Table:
         return self._table if self._order is None else self._table.take(self._order)
@@ -139,26 +192,13 @@ class ParquetSource(PartitionedStream):
         groups: List[RowGroup] = []
         first = ""
         for i, path in enumerate(self.paths):
-            f = _open(path)
-            schema = f.schema_arrow
-            where = f"{OWNER}: {path!r}"
-            missing = [name for name, *_ in wanted if schema.get_field_index(name) < 0]
-            if missing:
-                raise ParquetInputError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: "
-                                        f"{', '.join(schema.names)}")
-            these = [dataclasses.replace(column_of(name, kind, schema.field(name).type, where), group=group, slot=slot,
-                                         width=width) for name, kind, group, slot, width in wanted]
+            f = open_file(path)
+            these = file_columns(f, path, wanted, OWNER)
             if not columns:
                 columns, first = these, path
+                self._types = {name: f.schema_arrow.field(name).type for name, *_ in wanted}
             else:
-                for c, have in zip(columns, these):
-                    if (c.kind, c.fixed) != (have.kind, have.fixed) or \
-                            schema.field(c.name).type != self._types[c.name]:
-                        raise ParquetInputError(f"{where}: column {c.name!r} is {schema.field(c.name).type}, but in "
-                                                f"{first!r} it is {self._types[c.name]}: every file must have the "
-                                                "same schema for the declared columns")
-            if i == 0:
-                self._types = {name: schema.field(name).type for name, *_ in wanted}
+                same_types(self._types, f, path, first, OWNER)
             rows = 0
             for g in range(f.metadata.num_row_groups):
                 n = f.metadata.row_group(g).num_rows
@@ -166,7 +206,7 @@ class ParquetSource(PartitionedStream):
                     groups.append(RowGroup(i, g, n))
                     rows += n
             if not rows:
-                raise ParquetInputError(f"{where} holds no rows: remove it from the input")
+                raise ParquetInputError(f"{OWNER}: {path!r} holds no rows: remove it from the input")
         if len(groups) < self.partitions:
             raise ParquetInputError(f"{OWNER}: the files hold {len(groups)} row group(s) for {self.partitions} "
                                     "partitions; every partition needs one: give fewer partitions or write smaller row "
@@ -205,43 +245,20 @@ class ParquetSource(PartitionedStream):
 
     # ----- reading
     def _file(self, i: int) -> pq.ParquetFile:
-        f = self._files.pop(i, None) or _open(self.paths[i])
+        f = self._files.pop(i, None) or open_file(self.paths[i])
         self._files[i] = f
         while len(self._files) > OPEN_FILES:
             self._files.popitem(last=False)
         return f
 
     def _read_group(self, g: RowGroup) -> pa.Table:
-        path, names = self.paths[g.file], [c.name for c in self.columns]
-        try:
-            table = self._file(g.file).read_row_group(g.group, columns=names, use_threads=False)
-        except (pa.ArrowException, OSError) as e:
-            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group}, column {self._failing(g, names)!r}: "
-                                    f"cannot be read ({' '.join(str(e).split())}); the file is damaged: write it "
-                                    "again") from None
-        if table.num_rows != g.rows:
-            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group} holds {table.num_rows} rows, its footer "
-                                    f"says {g.rows}: the file is damaged")
-        bad = null_column(table, self.columns)
-        if bad:
-            raise ParquetInputError(f"{OWNER}: {path!r} row group {g.group}, column {bad!r}: missing values (null); "
-                                    "every declared column needs a value in every row (and in every list)")
-        return table
+        return read_group(self._file(g.file), self.paths[g.file], g.group, g.rows, self.columns, OWNER)
 
     def _order_of(self, g: RowGroup, epoch: int, partition: str) -> Optional[np.ndarray]:
         """A shuffled read's order of the row group's rows (None: file order)."""
         if self.shuffle_seed is None:
             return None
         return np.random.default_rng([self.shuffle_seed, epoch, int(partition), g.file, g.group]).permutation(g.rows)
-
-    def _failing(self, g: RowGroup, names: Sequence[str]) -> str:
-        """The first column of a row group that does not read (for the message)."""
-        for name in names:
-            try:
-                self._file(g.file).read_row_group(g.group, columns=[name], use_threads=False)
-            except (pa.ArrowException, OSError):
-                return name
-        return "?"
 
     def _start(self, partition: str, at: PartitionPosition) -> int:
         """The partition's row where reading starts, checked against the file the position names."""
@@ -259,7 +276,7 @@ class ParquetSource(PartitionedStream):
                     "row groups changed since the save; train from the same files")
         return row
 
-    def _slices(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator["_Piece"]:
+    def _slices(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator["Piece"]:
         """Row group slices in reading order, each logged to the cursor as it is handed out."""
         owned = list(self.owned)
         rows = {p: self._start(p, cursor.initial[p]) for p in owned}
@@ -277,60 +294,16 @@ class ParquetSource(PartitionedStream):
             turn = (turn + 1) % len(owned)
             epoch, index, within = self._locate(partition, rows[partition])
             g = self._group_at(partition, epoch, index)
-            piece = _Piece(self._read_group(g), self._order_of(g, epoch, partition)).cut(within)
+            piece = Piece(self._read_group(g), self._order_of(g, epoch, partition)).cut(within)
             cursor.handed(partition, os.path.basename(self.paths[g.file]), rows[partition], piece.rows)
             rows[partition] += piece.rows
             yield piece
 
     def _read(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator[Dict[str, np.ndarray]]:
-        """Batches of batch_size rows (the last one shorter unless drop_remainder)."""
-        pending: "collections.deque[_Piece]" = collections.deque()
-        held = 0
-        size = self.batch_size
-        for piece in self._slices(cursor, resume):
-            pending.append(piece)
-            held += piece.rows
-            while held >= size:
-                parts, need = [], size
-                while need:
-                    part = pending.popleft()
-                    if part.rows > need:
-                        pending.appendleft(part.cut(need))
-                        part = part.cut(0, need)
-                    parts.append(part.table())
-                    need -= part.rows
-                held -= size
-                yield batch_arrays(parts[0] if len(parts) == 1 else pa.concat_tables(parts), self.columns)
-        if held and not self.drop_remainder:
-            yield batch_arrays(pa.concat_tables([p.table() for p in pending]), self.columns)
-
-    def _signature(self) -> Dict[str, tf.TensorSpec]:
-        b = self.batch_size if self.drop_remainder else None
-        out = {}
-        for c in self.columns:
-            dtype = tf.int64 if c.kind in ("id", "ids") else tf.float32
-            if c.group:
-                out[c.group] = tf.TensorSpec([b, c.width], dtype)
-            elif c.ragged:
-                out[c.name + "/values"] = tf.TensorSpec([None], dtype)
-                out[c.name + "/row_splits"] = tf.TensorSpec([None if b is None else b + 1], tf.int64)
-            else:
-                out[c.name] = tf.TensorSpec([b] + ([c.fixed] if c.fixed else []), dtype)
-        return out
+        return batches(self._slices(cursor, resume), self.batch_size, self.drop_remainder, self.columns)
 
     def _records(self) -> tf.data.Dataset:
-        batches = tf.data.Dataset.from_generator(self._generator, output_signature=self._signature())
-        ragged = [c.name for c in self.columns if c.ragged]
-        if not ragged:
-            return batches
-
-        def assemble(flat):
-            out = {c.group or c.name: flat[c.group or c.name] for c in self.columns if not c.ragged}
-            for name in ragged:
-                out[name] = tf.RaggedTensor.from_row_splits(flat[name + "/values"], flat[name + "/row_splits"],
-                                                            validate=False)
-            return out
-        return batches.map(tf.autograph.experimental.do_not_convert(assemble))
+        return batch_dataset(self._generator, self.columns, self.batch_size, self.drop_remainder)
 
     def _prepare(self) -> None:
         pass
@@ -345,6 +318,57 @@ class ParquetSource(PartitionedStream):
 
     def lag(self) -> Dict[str, PartitionLag]:
         return {p: PartitionLag(at.offset, self._total(p) - at.offset, 0.0) for p, at in self.cursor.latest().items()}
+
+
+def batches(pieces: Iterable[Piece], size: int, drop_remainder: bool,
+            columns: Sequence[Column]) -> Iterator[Dict[str, np.ndarray]]:
+    """Batches of `size` rows of the pieces, in order (the last one shorter unless drop_remainder)."""
+    pending: "collections.deque[Piece]" = collections.deque()
+    held = 0
+    for piece in pieces:
+        pending.append(piece)
+        held += piece.rows
+        while held >= size:
+            parts, need = [], size
+            while need:
+                part = pending.popleft()
+                if part.rows > need:
+                    pending.appendleft(part.cut(need))
+                    part = part.cut(0, need)
+                parts.append(part.table())
+                need -= part.rows
+            held -= size
+            yield batch_arrays(parts[0] if len(parts) == 1 else pa.concat_tables(parts), columns)
+    if held and not drop_remainder:
+        yield batch_arrays(pa.concat_tables([p.table() for p in pending]), columns)
+
+
+def batch_dataset(generator: Callable[[], Iterator[Dict[str, np.ndarray]]], columns: Sequence[Column],
+                  batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+    """The generator's batches as a dataset of a tensor an output (a RaggedTensor a list column)."""
+    b = batch_size if drop_remainder else None
+    signature = {}
+    for c in columns:
+        dtype = tf.int64 if c.kind in ("id", "ids") else tf.float32
+        if c.group:
+            signature[c.group] = tf.TensorSpec([b, c.width], dtype)
+        elif c.ragged:
+            signature[c.name + "/values"] = tf.TensorSpec([None], dtype)
+            signature[c.name + "/row_splits"] = tf.TensorSpec([None if b is None else b + 1], tf.int64)
+        else:
+            signature[c.name] = tf.TensorSpec([b] + ([c.fixed] if c.fixed else []), dtype)
+    flat = tf.data.Dataset.from_generator(generator, output_signature=signature)
+    ragged = [c.name for c in columns if c.ragged]
+    if not ragged:
+        return flat
+
+    def assemble(arrays):
+        out = {c.group or c.name: arrays[c.group or c.name] for c in columns if not c.ragged}
+        for name in ragged:
+            out[name] = tf.RaggedTensor.from_row_splits(arrays[name + "/values"], arrays[name + "/row_splits"],
+                                                        validate=False)
+        return out
+    return flat.map(tf.autograph.experimental.do_not_convert(assemble))
 
 
 def ParquetDataset(files, batch_size: int, columns: Mapping[str, Any], *, partitions: Optional[int] = None,

@@ -31,6 +31,7 @@ before it.
 """
 import atexit
 import faulthandler
+import gc
 import os
 import sys
 import threading
@@ -94,6 +95,12 @@ def install() -> None:
     if _STATE.installed:
         return
     _STATE.installed = True
+    # Registered first, so it runs after every later handler: Python's finalisation then runs no
+    # cyclic collection over the objects alive at that point, which for a process that imported
+    # TensorFlow costs 0.5-0.9 s of CPU, a sixth of a short rank's. Objects freed by their reference
+    # counts (files, sockets) are still closed; a cycle left at exit is not finalised, as Python
+    # does not promise anyway.
+    atexit.register(gc.freeze)
     previous_exit = sys.exit
 
     def exit(status=None):  # noqa: A001 - it is sys.exit

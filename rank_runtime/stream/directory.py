@@ -44,9 +44,13 @@ class DirectoryStream(PartitionedStream):
         size = os.path.getsize(path)
         known = self._counts.get((partition, name))
         if known is None or known[0] != size:
-            known = (size, count_records(path, partition))
+            known = (size, self._count_file(path, partition))
             self._counts[partition, name] = known
         return known[1]
+
+    def _count_file(self, path: str, partition: str) -> int:
+        """The records of a complete file (checked on the way)."""
+        return count_records(path, partition)
 
     def lag(self) -> Dict[str, PartitionLag]:
         out = {}
@@ -76,7 +80,13 @@ class DirectoryStream(PartitionedStream):
         return slices.flat_map(read)
 
     def _read(self, cursor, resume):
-        """(file path, first record) of every file slice this rank reads, in order; logged to the cursor."""
+        """(file path, first record) of every file slice this rank reads, in order."""
+        for path, first, _ in self._file_slices(cursor, resume):
+            yield path, first
+
+    def _file_slices(self, cursor, resume):
+        """(file path, first record, records in the file) of every file slice this rank reads, in
+        order; each logged to the cursor as it is handed out."""
         owned = self.owned
         # Where each partition's reading stands, and whether that file was handed out whole (then it
         # is neither counted again while waiting for the next one, nor needed if it goes away).
@@ -102,7 +112,7 @@ class DirectoryStream(PartitionedStream):
                 idle_since = time.monotonic()
                 self._has_data()
                 cursor.handed(partition, file, first, count - first)
-                yield os.path.join(self.root, partition, file), first
+                yield os.path.join(self.root, partition, file), first, count
                 break
             else:
                 if self._wait_ends(time.monotonic() - idle_since):

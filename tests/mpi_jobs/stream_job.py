@@ -1,10 +1,10 @@
 """Trains from a DirectoryStream (or, with --broker, a RedisStream; with --parquet, a ParquetDataset
-of the Parquet files in --stream) until it is idle (or the files end), saving every
+of the Parquet files in --stream; with --parquet-stream, a ParquetDirectoryStream) until it is idle (or the files end), saving every
 --every steps; dumps what every rank holds at the end.
 
     mpiexec -np N python stream_job.py --stream DIR|NAME --partitions P --out DIR --tag T --model DIR
                                        [--broker URL] [--every K] [--die-at STEP] [--optimizer sgd|lazy_adam]
-                                       [--idle S] [--access-threshold N] [--parquet]
+                                       [--idle S] [--access-threshold N] [--parquet | --parquet-stream]
 
 Restores tf.train.latest_checkpoint(--model) when there is one. --die-at STEP: rank 1 SIGKILLs
 itself after the step that makes the global step STEP (a rank lost mid-run; under shardrec-run, in
@@ -27,9 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from mx_rec.optimizers import gradient_descent, lazy_adam
-from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, ParquetDataset, RedisStream, Saver, create_table,
-                                   get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id, get_rank_size, init,
-                                   report, sparse_lookup, start_asc_pipeline)
+from shardrec.rank_runtime import (DirectoryStream, FeatureSpec, ParquetDataset, ParquetDirectoryStream, RedisStream,
+                                   Saver, create_table, get_asc_insert_func, get_dense_and_sparse_variable, get_rank_id,
+                                   get_rank_size, init, report, sparse_lookup, start_asc_pipeline)
 from shardrec.rank_runtime.stream.partitioned import training_stream
 
 FIELDS, DIM, BATCH = 3, 4, 8
@@ -66,6 +66,8 @@ def main():
     p.add_argument("--die-in-save", type=int)
     p.add_argument("--die-in-save-attempt", type=int, default=0)
     p.add_argument("--parquet", action="store_true", help="--stream is a directory of Parquet files (ids, y)")
+    p.add_argument("--parquet-stream", action="store_true",
+                   help="--stream is a directory stream of Parquet files (ids0..ids2, y)")
     p.add_argument("--stop-at", type=int, help="save and end after the step that makes the global step this")
     p.add_argument("--access-threshold", type=int, default=-1, help="admission: occurrences before a key gets a row")
     p.add_argument("--wrong-step-at", type=int, help="after the step that makes the global step this, a save that "
@@ -84,12 +86,17 @@ def main():
     if args.parquet:
         batches = ParquetDataset(args.stream, BATCH, {"ids": "ids", "y": "float"}, partitions=args.partitions)
         stream = training_stream()
+    elif args.parquet_stream:
+        stream = ParquetDirectoryStream(args.stream, args.partitions, BATCH,
+                                        {"ids": ("id", [f"ids{i}" for i in range(FIELDS)]), "y": "float"},
+                                        idle_timeout_s=idle, poll_s=0.05)
+        batches = stream.dataset()
     elif args.broker:
         stream = RedisStream(args.broker, args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05,
                              block_entries=16)
     else:
         stream = DirectoryStream(args.stream, args.partitions, idle_timeout_s=idle, poll_s=0.05)
-    if not args.parquet:
+    if not (args.parquet or args.parquet_stream):
         batches = stream.dataset().batch(BATCH).map(parse)
     dataset = batches.map(get_asc_insert_func([spec], is_training=True))
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
