@@ -61,6 +61,9 @@ def parse_args(argv=None):
                    help="incremental checkpoints (the guide's init(is_incremental_checkpoint=True, "
                         "save_checkpoint_due_time=FULL_S, save_delta_checkpoints_secs=DELTA_S)): Saver.maybe_save "
                         "after every step writes a full checkpoint or a delta as the timers say")
+    p.add_argument("--parquet", default=None, metavar="DIR",
+                   help="train from Parquet files (ParquetDataset): each rank's samples are written to DIR by the "
+                        "first run of a rank count, and read back from there (a resumed run keeps the rank count)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--value-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                    help="how the deep table holds its values (create_table's value_dtype)")
@@ -113,7 +116,38 @@ def make_input(data, batch_size, is_training, repeat):
     dataset = tf.data.Dataset.from_tensor_slices(data)
     if repeat:
         dataset = dataset.repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    return pipeline(dataset.batch(batch_size, drop_remainder=True), is_training)
+
+
+def parquet_input(args, rank, size):
+    """--parquet DIR: this rank's samples of the whole run (train_samples from step 0) written once as
+    DIR/part-<rank>-of-<ranks>.parquet (under a dot-name, renamed when complete), then the files of
+    this rank count read back by ParquetDataset, which deals their row groups to the ranks and keeps
+    its position in every checkpoint: a resumed run goes on where the saved step stood."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from mpi4py import MPI
+
+    from shardrec.rank_runtime import ParquetDataset
+
+    name = "part-{:05d}-of-{:05d}.parquet"
+    path = os.path.join(args.parquet, name.format(rank, size))
+    if not os.path.exists(path):
+        os.makedirs(args.parquet, exist_ok=True)
+        data = train_samples(args, rank, size, 0)
+        columns = {**{f"C{i + 1}": data["cat"][:, i] for i in range(criteo_synth.NUM_CAT)},
+                   **{f"I{i + 1}": data["dense"][:, i] for i in range(criteo_synth.NUM_DENSE)}, "label": data["label"]}
+        partial = os.path.join(args.parquet, "." + os.path.basename(path))
+        pq.write_table(pa.table(columns), partial, row_group_size=BLOCK_STEPS * args.batch_size)
+        os.rename(partial, path)
+    MPI.COMM_WORLD.Barrier()  # every rank's file is in place before any rank lists them
+    kinds = {"cat": ("id", [f"C{i + 1}" for i in range(criteo_synth.NUM_CAT)]),
+             "dense": ("float", [f"I{i + 1}" for i in range(criteo_synth.NUM_DENSE)]), "label": "float"}
+    files = [os.path.join(args.parquet, name.format(r, size)) for r in range(size)]
+    return pipeline(ParquetDataset(files, args.batch_size, kinds, partitions=size), True)
+
+
+def pipeline(dataset, is_training):
     dataset = dataset.map(get_asc_insert_func(tgt_key_specs=feature_specs(), is_training=is_training))
     dataset = dataset.prefetch(8)
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
@@ -190,9 +224,12 @@ def main(argv=None):
     # newest complete one of the model directory (a later run of the same job).
     resume = resume_checkpoint() or tf.train.latest_checkpoint(args.model_dir)
     start = int(resume.rsplit("-", 1)[1]) if resume else 0
-    train_data = train_samples(args, rank, size, start)
+    if args.parquet:
+        train_iterator, train_batch = parquet_input(args, rank, size)
+    else:
+        train_iterator, train_batch = make_input(train_samples(args, rank, size, start), args.batch_size, True,
+                                                 repeat=False)
     eval_data = criteo_synth.make_dataset(args.eval_samples, seed=args.seed, sample_seed=args.seed * 31 + 10_000 + rank)
-    train_iterator, train_batch = make_input(train_data, args.batch_size, True, repeat=False)
     eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)
 
     dense_optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(learning_rate=0.001))

@@ -88,9 +88,26 @@ def test_global_size_sums_ranks_and_a_lone_caller_times_out():
     assert re.search(r"LONE rank=1: table 't': global_size\(\): not every rank called it within 2 s", proc.stdout)
 
 
-def test_demo_trains_on_two_ranks(tmp_path):
+@pytest.mark.parametrize("feed", ["memory", "parquet"])
+def test_demo_trains_on_two_ranks(tmp_path, feed):
+    """The demo from its in-memory samples, and from the same samples written as Parquet files
+    (--parquet): there every row of the files is trained once, as the checkpoint's positions say."""
+    parquet = ["--parquet", tmp_path / "parquet"] if feed == "parquet" else []
     proc = check(mpiexec(2, os.path.join(ROOT, "examples", "wide_deep.py"), "--steps", "200", "--eval-samples", "10000",
-                         "--model-dir", tmp_path))
+                         "--model-dir", tmp_path / "model", *parquet))
+    if feed == "parquet":
+        import pyarrow.parquet as pq
+
+        from shardrec.rank_runtime.formats.sparse_checkpoint import read_manifest
+
+        files = sorted(os.listdir(tmp_path / "parquet"))
+        assert files == ["part-00000-of-00002.parquet", "part-00001-of-00002.parquet"], files
+        rows = sum(pq.ParquetFile(tmp_path / "parquet" / f).metadata.num_rows for f in files)
+        assert rows == 2 * 200 * 512
+        sparse = tmp_path / "model" / "sparse-model-200"
+        positions = [pos for shard in os.listdir(sparse) if shard.startswith("rank-")
+                     for pos in read_manifest(str(sparse / shard)).stream.partitions.values()]
+        assert len(positions) == 2 and sum(p.offset for p in positions) == rows, positions
     summaries = re.findall(r"SUMMARY rank=(\d)/2 .*eval_auc=([0-9.]+) .*deep_table=(\d+)/(\d+)", proc.stdout)
     assert sorted(s[0] for s in summaries) == ["0", "1"], proc.stdout
     from test_demo import EMBEDDING_MARGIN, dense_only_auc
