@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -150,21 +149,12 @@ def peer(args):
                 break
             step += 1
         end = (time.time(), time.process_time(), step)
-        sess.run(eval_it.initializer)
-        probs, labels = [], []
-        while True:
-            try:
-                p, y = sess.run([eval_prob, eval_batch["label"]])
-            except tf.errors.OutOfRangeError:
-                break
-            probs.append(p)
-            labels.append(y)
+        probs, labels = criteo_synth.run_to_end(sess, eval_it.initializer, [eval_prob, eval_batch["label"]])
     timed = end[2] - clock[2] if clock else 0
     cpu = end[1] - clock[1] if clock else 0.0
     with tf.compat.v1.Session() as sess:
         cpu, labels, probs = sess.run([hvd.allreduce(tf.constant(cpu, tf.float64), op=hvd.Sum),
-                                       hvd.allgather(tf.constant(np.concatenate(labels))),
-                                       hvd.allgather(tf.constant(np.concatenate(probs)))])
+                                       hvd.allgather(tf.constant(labels)), hvd.allgather(tf.constant(probs))])
     samples = timed * args.batch_size * size
     if rank == 0:
         wall = max(end[0] - clock[0], 1e-9) if clock else float("nan")

@@ -112,3 +112,19 @@ def auc(labels, scores):
     if pos == 0 or neg == 0:
         raise ValueError("AUC needs both positive and negative labels")
     return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def run_to_end(sess, initializer, fetches):
+    """Runs `fetches` over an evaluation iterator from its start (`initializer`) to its end: each
+    fetch's values of every batch, concatenated."""
+    import tensorflow as tf
+
+    sess.run(initializer)
+    out = [[] for _ in fetches]
+    while True:
+        try:
+            values = sess.run(fetches)
+        except tf.errors.OutOfRangeError:
+            return [np.concatenate(v) for v in out]
+        for kept, value in zip(out, values):
+            kept.append(value)

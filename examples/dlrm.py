@@ -182,21 +182,12 @@ def train(args):
             losses.append(value)
             report(step=step, loss=value)
         end = (time.time(), time.process_time(), step)
-        sess.run(eval_it.initializer)
-        probs, labels, planted = [], [], []
-        while True:
-            try:
-                p, y, best = sess.run([eval_prob, eval_batch["label"], eval_batch["prob"]])
-            except tf.errors.OutOfRangeError:
-                break
-            probs.append(p)
-            labels.append(y)
-            planted.append(best)
+        probs, labels, planted = criteo_synth.run_to_end(sess, eval_it.initializer,
+                                                         [eval_prob, eval_batch["label"], eval_batch["prob"]])
     timed = (end[2] - clock[2]) if clock else 0
     wall = max(end[0] - clock[0], 1e-9) if clock else float("nan")
     cpu = hvd.allreduce(tf.constant((end[1] - clock[1]) if clock else 0.0, tf.float64), op=hvd.Sum)
-    results = [np.concatenate(x) for x in (labels, probs, planted)]
-    gathered = [hvd.allgather(tf.constant(r)) for r in results]
+    gathered = [hvd.allgather(tf.constant(r)) for r in (labels, probs, planted)]
     with tf.compat.v1.Session() as sess:
         cpu, (labels, probs, planted) = sess.run([cpu, gathered])
     samples = timed * args.batch_size * size

@@ -259,18 +259,10 @@ def main(argv=None):
     start_asc_pipeline()
 
     def evaluate(sess):
-        sess.run(eval_iterator.initializer)
-        probs, labels = [], []
-        while True:
-            try:
-                p, y = sess.run([eval_prob, eval_batch["label"]])
-            except tf.errors.OutOfRangeError:
-                break
-            probs.append(p)
-            labels.append(y)
+        probs, labels = criteo_synth.run_to_end(sess, eval_iterator.initializer, [eval_prob, eval_batch["label"]])
         if args.eval_predictions:
-            np.save(f"{args.eval_predictions}-rank{rank}.npy", np.concatenate(probs))
-        return criteo_synth.auc(np.concatenate(labels), np.concatenate(probs))
+            np.save(f"{args.eval_predictions}-rank{rank}.npy", probs)
+        return criteo_synth.auc(labels, probs)
 
     os.makedirs(args.model_dir, exist_ok=True)
     # One path on every rank: each rank writes its shard under it, rank 0 the dense part.
