@@ -80,11 +80,10 @@ def peer(args):
     rank, size = hvd.rank(), hvd.size()
     tf.compat.v1.disable_eager_execution()
     tf.keras.utils.set_random_seed(args.seed)
-    kinds = {"dense": ("float", dlrm.DENSE), "label": "float", "prob": "float", **{n: "id" for n in dlrm.CATEGORICAL}}
 
     def iterator(split, training):
-        data = ParquetDataset(os.path.join(args.data, "parquet", split), args.batch_size, kinds, training=False,
-                              shard=(rank, size), drop_remainder=training).prefetch(2)
+        data = ParquetDataset(os.path.join(args.data, "parquet", split), args.batch_size, dlrm.PARQUET_COLUMNS,
+                              training=False, shard=(rank, size), drop_remainder=training).prefetch(2)
         return tf.compat.v1.data.make_initializable_iterator(data)
 
     train_it, eval_it = iterator("train", True), iterator("eval", False)

@@ -32,6 +32,8 @@ import criteo_synth  # noqa: E402
 DIM = 16
 DENSE = [f"I{i + 1}" for i in range(criteo_synth.NUM_DENSE)]
 CATEGORICAL = [f"C{i + 1}" for i in range(criteo_synth.NUM_CAT)]
+# ParquetDataset's columns: the dense features stacked as one [B, 13] tensor, an id column a table.
+PARQUET_COLUMNS = {"dense": ("float", DENSE), "label": "float", "prob": "float", **{n: "id" for n in CATEGORICAL}}
 
 
 def write(args):
@@ -82,9 +84,8 @@ def batches(args, split, batch_size, training, rank, size):
     from shardrec.rank_runtime import ParquetDataset
 
     if args.format == "parquet":
-        kinds = {"dense": ("float", DENSE), "label": "float", "prob": "float", **{n: "id" for n in CATEGORICAL}}
-        return ParquetDataset(os.path.join(args.data, "parquet", split), batch_size, kinds, training=training,
-                              drop_remainder=training)
+        return ParquetDataset(os.path.join(args.data, "parquet", split), batch_size, PARQUET_COLUMNS,
+                              training=training, drop_remainder=training)
     files = sorted(glob.glob(os.path.join(args.data, "tfrecord", split, "*.tfrecord")))[rank::size]
     spec = {**{n: tf.io.FixedLenFeature([], tf.float32) for n in DENSE + ["label", "prob"]},
             **{n: tf.io.FixedLenFeature([], tf.int64) for n in CATEGORICAL}}

@@ -132,14 +132,23 @@ def parquet_input(args, rank, size):
 
     name = "part-{:05d}-of-{:05d}.parquet"
     path = os.path.join(args.parquet, name.format(rank, size))
+    # What the samples were drawn with, in the file's metadata: a later run with other settings is
+    # told so instead of training on data its checkpoint's positions do not describe.
+    drawn = json.dumps({"steps": args.steps, "batch_size": args.batch_size, "seed": args.seed,
+                        "global_batch_size": args.global_batch_size}, sort_keys=True).encode()
     if not os.path.exists(path):
         os.makedirs(args.parquet, exist_ok=True)
         data = train_samples(args, rank, size, 0)
         columns = {**{f"C{i + 1}": data["cat"][:, i] for i in range(criteo_synth.NUM_CAT)},
                    **{f"I{i + 1}": data["dense"][:, i] for i in range(criteo_synth.NUM_DENSE)}, "label": data["label"]}
         partial = os.path.join(args.parquet, "." + os.path.basename(path))
-        pq.write_table(pa.table(columns), partial, row_group_size=BLOCK_STEPS * args.batch_size)
+        table = pa.table(columns).replace_schema_metadata({"wide_deep.samples": drawn})
+        pq.write_table(table, partial, row_group_size=BLOCK_STEPS * args.batch_size)
         os.rename(partial, path)
+    found = (pq.read_schema(path).metadata or {}).get(b"wide_deep.samples")
+    if found != drawn:
+        raise SystemExit(f"--parquet: {path} holds samples drawn with {found.decode() if found else 'unknown settings'}, "
+                         f"this run asks for {drawn.decode()}: use another directory, or the same settings")
     MPI.COMM_WORLD.Barrier()  # every rank's file is in place before any rank lists them
     kinds = {"cat": ("id", [f"C{i + 1}" for i in range(criteo_synth.NUM_CAT)]),
              "dense": ("float", [f"I{i + 1}" for i in range(criteo_synth.NUM_DENSE)]), "label": "float"}

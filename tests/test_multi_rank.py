@@ -108,6 +108,11 @@ def test_demo_trains_on_two_ranks(tmp_path, feed):
         positions = [pos for shard in os.listdir(sparse) if shard.startswith("rank-")
                      for pos in read_manifest(str(sparse / shard)).stream.partitions.values()]
         assert len(positions) == 2 and sum(p.offset for p in positions) == rows, positions
+        # A later run that would draw other samples is refused, naming the file, before it trains.
+        other = mpiexec(2, os.path.join(ROOT, "examples", "wide_deep.py"), "--steps", "100", "--model-dir",
+                        tmp_path / "other", *parquet)
+        assert other.returncode != 0 and "part-0000" in other.stderr and \
+            "use another directory, or the same settings" in other.stderr, other.stderr[-3000:]
     summaries = re.findall(r"SUMMARY rank=(\d)/2 .*eval_auc=([0-9.]+) .*deep_table=(\d+)/(\d+)", proc.stdout)
     assert sorted(s[0] for s in summaries) == ["0", "1"], proc.stdout
     from test_demo import EMBEDDING_MARGIN, dense_only_auc
