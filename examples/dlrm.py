@@ -16,7 +16,9 @@ products of the 27 vectors (351) beside the bottom MLP's output, a top MLP 367-5
 layers Adam (Horovod's allreduce), tables lazy Adam. Each rank reads its share of the files
 (ParquetDataset deals row groups; TFRecord files are dealt file by file). Prints a SUMMARY line:
 samples/s and CPU seconds per 1000 samples (all ranks) over the steps after the warm-up, the
-held-out AUC and the planted model's.
+held-out AUC and the planted model's, and the bytes all ranks sent each other per step (keys, rows,
+gradients: the exchanges' own counters). --sharding-plan auto lets the planner place the tables
+(docs/guide/sharding.md).
 """
 import argparse
 import glob
@@ -134,15 +136,21 @@ def train(args):
     from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                                        get_rank_id, get_rank_size, init, report, sparse_lookup, start_asc_pipeline,
                                        terminate_config_initializer)
+    from shardrec.rank_runtime.pipeline.step_profile import wire_bytes
 
     tf.compat.v1.disable_eager_execution()
     tf.keras.utils.set_random_seed(args.seed)
-    init(use_dynamic=True, use_dynamic_expansion=True)
+    init(use_dynamic=True, use_dynamic_expansion=True, sharding_plan=args.sharding_plan)
     rank, size = get_rank_id(), get_rank_size()
     specs = [FeatureSpec(n, table_name=n) for n in CATEGORICAL]
 
     def iterator(split, training):
         data = batches(args, split, args.batch_size, training, rank, size)
+        if training and args.steps > 0:
+            # The pass ends where the data does, on every rank in the same round: a loop that stopped
+            # at a step count instead would leave the key pipeline's read-ahead rounds open on
+            # one rank while another went on to the next collective.
+            data = data.take(args.steps)
         data = data.map(get_asc_insert_func(tgt_key_specs=specs, is_training=training)).prefetch(2)
         return tf.compat.v1.data.make_initializable_iterator(data)
 
@@ -174,7 +182,7 @@ def train(args):
         losses, step, clock = [], 0, None
         while args.steps <= 0 or step < args.steps:
             if step == args.warmup_steps:
-                clock = (time.time(), time.process_time(), step)
+                clock = (time.time(), time.process_time(), step, wire_bytes())
             try:
                 _, value = sess.run([train_op, loss])
             except tf.errors.OutOfRangeError:
@@ -182,19 +190,21 @@ def train(args):
             step += 1
             losses.append(value)
             report(step=step, loss=value)
-        end = (time.time(), time.process_time(), step)
+        end = (time.time(), time.process_time(), step, wire_bytes())
         probs, labels, planted = criteo_synth.run_to_end(sess, eval_it.initializer,
                                                          [eval_prob, eval_batch["label"], eval_batch["prob"]])
     timed = (end[2] - clock[2]) if clock else 0
+    sent = hvd.allreduce(tf.constant(float(end[3] - clock[3]) if clock else 0.0, tf.float64), op=hvd.Sum)
     wall = max(end[0] - clock[0], 1e-9) if clock else float("nan")
     cpu = hvd.allreduce(tf.constant((end[1] - clock[1]) if clock else 0.0, tf.float64), op=hvd.Sum)
     gathered = [hvd.allgather(tf.constant(r)) for r in (labels, probs, planted)]
     with tf.compat.v1.Session() as sess:
-        cpu, (labels, probs, planted) = sess.run([cpu, gathered])
+        cpu, sent, (labels, probs, planted) = sess.run([cpu, sent, gathered])
     samples = timed * args.batch_size * size
     if rank == 0:
         print(f"SUMMARY ranks={size} format={args.format} steps={step} timed_steps={timed} "
               f"samples_per_s={samples / wall:.0f} cpu_s_per_1k_samples={1000 * cpu / max(samples, 1):.4f} "
+              f"wire_kb_per_step={sent / 1024 / max(timed, 1):.1f} "
               f"first_loss={np.mean(losses[:20]):.4f} final_loss={np.mean(losses[-20:]):.4f} "
               f"eval_auc={criteo_synth.auc(labels, probs):.4f} planted_auc={criteo_synth.auc(labels, planted):.4f} "
               f"eval_samples={len(labels)}", flush=True)
@@ -219,6 +229,9 @@ def main(argv=None):
     t.add_argument("--warmup-steps", type=int, default=5, help="steps before the clock starts")
     t.add_argument("--learning-rate", type=float, default=0.001, help="the dense layers' Adam")
     t.add_argument("--seed", type=int, default=2024)
+    t.add_argument("--sharding-plan", default=None,
+                   help="init(sharding_plan=): 'auto' (the planner places the tables) or a JSON plan's path; "
+                        "default: every table row-wise")
     args = p.parse_args(argv)
     write(args) if args.command == "write" else train(args)
 

@@ -5,7 +5,7 @@
 
 DIR is a model directory (every checkpoint in it), a sparse-<name> directory or a dense
 checkpoint prefix. `inspect` prints each checkpoint's step, world size, tables with their dims,
-optimizer slots and rows per rank, and whether every file matches its manifest (size, CRC-32,
+optimizer slots, placement and rows per rank (and the sharding plan it was saved under), and whether every file matches its manifest (size, CRC-32,
 row counts) and the dense part (index, data, meta graph) is there; then the staging directories
 (.sparse-<name>.saving) of saves that did not finish. `export` writes every rank's
 rows of one table from one checkpoint (the newest complete one of a model directory) into one
@@ -21,6 +21,7 @@ from typing import List, Optional
 import numpy as np
 
 from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows, unfinished_saves
+from shardrec.rank_runtime.formats.sharding_plan import ShardingPlan
 from shardrec.rank_runtime.formats.sparse_checkpoint import CheckpointError
 
 
@@ -29,14 +30,21 @@ def _describe(ckpt):
     kind = f"delta on {previous.name}, " if previous is not None else ""
     lines = [f"{ckpt.name}: step {ckpt.step}, {kind}world size {ckpt.world_size}, "
              f"{'OK' if ckpt.ok else 'DAMAGED OR INCOMPLETE'}  ({ckpt.sparse_dir})"]
-    tables = {}
+    tables, plans = {}, {}
     for rank, shard in sorted(ckpt.shards.items()):
         for name, entry in (shard.manifest.tables if shard.manifest else {}).items():
             tables.setdefault(name, (entry.dim, entry.slots, {}))[2][rank] = entry.rows
+            if entry.sharding is not None:
+                plans.setdefault(name, entry.sharding)
     for name, (dim, slots, rows) in sorted(tables.items()):
         per_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(rows.items()))
         what = "rows changed" if kind else "rows"
-        lines.append(f"  table {name}: dim {dim}, slots {slots or []}, {what} {sum(rows.values())} ({per_rank})")
+        placed = f", {plans[name].placement.describe()}" if name in plans else ""
+        lines.append(f"  table {name}: dim {dim}, slots {slots or []}{placed}, {what} {sum(rows.values())} "
+                     f"({per_rank})")
+    if plans and ckpt.world_size is not None:
+        text = ShardingPlan(ckpt.world_size, plans).render()
+        lines += ["  the sharding plan it was saved under:"] + [f"    {line}" for line in text.splitlines()]
     for problem in ckpt.problems + [p for s in ckpt.shards.values() for p in s.problems]:
         lines.append(f"  problem: {problem}")
     return "\n".join(lines)

@@ -29,6 +29,8 @@ _EXPORTS = {
     "terminate_config_initializer": ".process.lifecycle",
     "report": ".process.heartbeat", "resume_checkpoint": ".process.heartbeat",
     "start_metrics_server": ".process.metrics",
+    "plan_sharding": ".embedding.planner", "TableShape": ".embedding.planner", "CostModel": ".embedding.planner",
+    "ShardingPlan": ".formats.sharding_plan",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,7 +35,7 @@ def test_inspect_lists_step_world_tables_and_rows(runtime, tmp_path):
     proc = _inspect(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "model-3: step 3, world size 1, OK" in proc.stdout
-    assert "table user_table: dim 8, slots ['LazyAdam.m', 'LazyAdam.v'], rows 7 (rank 0: 7)" in proc.stdout
+    assert "table user_table: dim 8, slots ['LazyAdam.m', 'LazyAdam.v'], row_wise, rows 7 (rank 0: 7)" in proc.stdout
     assert _inspect(path).stdout == proc.stdout, "a dense prefix names the same checkpoint"
 
 

@@ -27,7 +27,9 @@ CONFIGS = ["ragged-sum-now-sgd", "sparse-mean-now-sgd", "graph-sqrtn-now-sgd",
            "ragged-sum-w-lazy_adam", "sparse-mean-w-lazy_adam", "graph-sqrtn-w-lazy_adam",
            "ragged-mean-w-sgd-admission", "graph-sum-w-lazy_adam-admission", "sparse-mean-w-sgd-eviction",
            "sparse-sqrtn-w-sgd-expansion", "ragged-mean-now-lazy_adam-expansion",
-           "ragged-sum-w-sgd-static", "graph-mean-now-lazy_adam-static"]
+           "ragged-sum-w-sgd-static", "graph-mean-now-lazy_adam-static",
+           "ragged-mean-w-lazy_adam-tablewise", "graph-sum-now-sgd-tablewise",
+           "sparse-sqrtn-w-lazy_adam-replicated", "graph-mean-now-sgd-replicated", "ragged-sum-w-sgd-admission-replicated"]
 RANKS = (1, 2, 3)
 
 

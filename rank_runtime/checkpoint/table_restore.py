@@ -36,6 +36,7 @@ from ..embedding.row_store import MEMORY_LIMIT_ENV
 from ..formats.sparse_checkpoint import CheckpointError, needed_shards, sparse_dir
 from ..formats.manifest import ADMISSION_ARRAYS, PENDING, TableEntry
 from ..formats.array_files import map_array, read_array, stream_array
+from ..formats.sharding_plan import ROW_WISE
 
 log = get_logger("shardrec.restore")
 # Files streamed side by side: the disk reads ahead in one while another's chunk is checksummed.
@@ -74,8 +75,23 @@ def plan(save_path: str, tables: list, values_only: bool = False, check_dense: b
     cfg = config.get_config()
     if check_dense and not checkpoint_management.checkpoint_exists_internal(save_path):
         raise CheckpointError(f"{save_path}: the dense part of the checkpoint ({save_path}.index) is missing")
-    links = resolve(save_path, lambda root: needed_shards(root, cfg.rank, cfg.size))
+    # A table placed other than row-wise, now or when saved, takes its keys from every shard.
+    every = any(t.placement.kind != ROW_WISE for t in tables)
+    links = resolve(save_path, lambda root: needed_shards(root, cfg.rank, cfg.size, every))
+    if not every and _placed_otherwise(links, [t.table_name for t in tables]):
+        links = resolve(save_path, lambda root: needed_shards(root, cfg.rank, cfg.size, True))
     return [_plan_table(save_path, table, links, values_only) for table in tables]
+
+
+def _placed_otherwise(links, names) -> bool:
+    """Whether a save of the chain kept one of the tables `names` other than row-wise."""
+    for link in links:
+        for manifest in link.manifests.values():
+            for name in names:
+                entry = manifest.tables.get(name)
+                if entry is not None and entry.sharding is not None and entry.sharding.placement.kind != ROW_WISE:
+                    return True
+    return False
 
 
 def _plan_table(save_path, table, links, values_only):
@@ -90,7 +106,9 @@ def _plan_table(save_path, table, links, values_only):
             _check_layout(os.path.join(shard, "MANIFEST.json"), table, entry, values_only)
     saved_keys, removed = table_keys(links, name)
     masks = surviving(saved_keys, removed)
-    resharded = links[0].world_size != cfg.size
+    # Keys from other ranks' shards too (another world size, or a placement): keep this rank's.
+    resharded = sorted(links[0].shards) != [cfg.rank] or links[0].world_size != cfg.size
+    placement = table.placement
     parts, keys = [], []
     for link, link_keys, link_masks in zip(links, saved_keys, masks):
         for (r, shard), part, survives in zip(sorted(link.shards.items()), link_keys, link_masks):
@@ -99,7 +117,7 @@ def _plan_table(save_path, table, links, values_only):
             if len(part) != entry.rows:
                 raise CheckpointError(f"{shard}/{name}/keys.npy: {len(part)} keys, but the manifest says rows = "
                                       f"{entry.rows}")
-            mine = np.mod(part, cfg.size) == cfg.rank if resharded else None
+            mine = placement.holds(part, cfg.rank, cfg.size) if resharded else None
             mine = survives if mine is None else (mine if survives is None else mine & survives)
             keys.append(part if mine is None else part[mine])
             parts.append(ShardPart(shard, entry, mine))
@@ -313,8 +331,8 @@ def _admission_of(table, links, parts, cfg, n_keys):
         pending = {p: read_array(shard, entry.files[p], f"table {name!r} {p}") for p in PENDING}
         if any(a.shape != pending["pending_keys"].shape for a in pending.values()):
             raise CheckpointError(f"{shard}: table {name!r}: its pending arrays differ in length")
-        mine = np.mod(pending["pending_keys"].astype(np.int64), cfg.size) == cfg.rank \
-            if last.world_size != cfg.size else slice(None)
+        resharded = sorted(last.shards) != [cfg.rank] or last.world_size != cfg.size
+        mine = table.placement.holds(pending["pending_keys"], cfg.rank, cfg.size) if resharded else slice(None)
         for p, array in pending.items():
             out.setdefault(p, []).append(array[mine])
     return {k: (_joined(v) if isinstance(v, list) else v) for k, v in out.items()}

@@ -12,6 +12,8 @@ from ..process.logs import get_logger
 from ..formats.sparse_checkpoint import admission_arrays
 from ..formats.manifest import REMOVED, AdmissionEntry, TableEntry
 from ..formats.array_files import array_entry, write_array
+from ..formats.sharding_plan import REPLICATED
+from ..process.world import get_world
 
 log = get_logger("shardrec.saver")
 
@@ -41,9 +43,11 @@ def table_writer(table: Any, step: Optional[int], mode: str = "plain") -> Callab
         names = list(table.columns)
         counts = table.thresholds is not None and table.thresholds.counts
         as_of = (NO_STEP if step is None else step) if counts else None
+        # A replica writes its share of a replicated table (keys by key mod world size): each key once.
+        share = (get_world().size, get_world().rank) if table.placement.kind == REPLICATED else (1, 0)
         state, digests = table.index.save_columns([table.columns[n] for n in names],
                                                   [os.path.join(folder, f"{n}.npy") for n in names], as_of,
-                                                  SAVE_CHUNK_ROWS, mode)
+                                                  SAVE_CHUNK_ROWS, mode, *share)
         keys = state.keys
         files = {"keys": write_array(folder, "keys", keys)}
         for name, (nbytes, crc) in zip(names, digests):
@@ -67,6 +71,6 @@ def table_writer(table: Any, step: Optional[int], mode: str = "plain") -> Callab
             removed = len(state.removed)
         return TableEntry(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
                           optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
-                          files=files, admission=admission, removed_rows=removed)
+                          files=files, admission=admission, removed_rows=removed, sharding=table.plan)
 
     return write

@@ -90,15 +90,16 @@ def expanding_rows(dim: int, table_name: str, value_bytes: int = 4) -> int:
 
 
 def make_store(native_core, name: str, dim: int, capacity: int, expands: bool, emb_initializer, init_param: float,
-               rank: int, draws_natively: bool = False, values_format: int = 0) -> tuple:
+               rank: int, draws_natively: bool = False, values_format: int = 0, same_on_every_rank: bool = False) -> tuple:
     """(store, rows it may hold): the store of a fixed table (capacity rows) or of one that grows.
     draws_natively: a fixed table with an SSD tier, whose rows the native core draws per key.
-    values_format: 0 float32, 1 float16, 2 bfloat16 (row_dtypes.py)."""
+    values_format: 0 float32, 1 float16, 2 bfloat16 (row_dtypes.py). same_on_every_rank: a replicated
+    table's rows, drawn alike by every rank."""
     if not expands:
         init = row_init(emb_initializer, name, rank, "with an SSD tier", per_rank=False) if draws_natively else RowInit(0)
         return native_core.RowStore(name, dim, capacity + 1, 0, init.kind, init.a, init.b, init.seed & (2**64 - 1),
                                     float(init_param) if draws_natively else 1.0, values_format), capacity
-    init = row_init(emb_initializer, name, rank)
+    init = row_init(emb_initializer, name, rank, per_rank=not same_on_every_rank)
     rows, limit = expanding_rows(dim, name, 4 if values_format == 0 else 2)
     store = native_core.RowStore(name, dim, rows + 1, limit, init.kind, init.a, init.b, init.seed & (2**64 - 1),
                                  float(init_param), values_format)

@@ -7,7 +7,6 @@ TensorFlow's gradients, the sparse optimizers' fused kernels and Saver work on i
 variable, while the rows stay where the native core put them. The extra last row is the sentinel:
 it stays zero and is what a key with no row (unknown at evaluation, padding in static shapes) reads.
 """
-import math
 import re
 import weakref
 from dataclasses import asdict, dataclass
@@ -17,9 +16,11 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from ..process import config
-from . import export_view, native_ops
+from . import export_view, native_ops, placing
 from ..process.logs import get_logger, warn_once
 from .row_dtypes import RowDtypes, row_dtypes
+from ..formats.sharding_plan import REPLICATED, ROW_WISE, Placement, TablePlan
+from .placing import replica_initial
 from .row_store import make_store
 from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
 from ..validation import check_choice, check_int, check_number, check_type
@@ -43,13 +44,17 @@ class EmbeddingTable:
 
     def __init__(self, name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
                  init_param, is_save, all2all_gradients_op, expands=False, rank=0, ssd=None,
-                 rows: RowDtypes = RowDtypes()):
+                 rows: RowDtypes = RowDtypes(), plan: TablePlan = TablePlan(Placement(ROW_WISE))):
         self.table_name = name
+        # Where its keys live (formats/sharding_plan.py) and what the planner expected of it.
+        self.plan = plan
+        self.placement = plan.placement
         # How the store holds values and optimizer slots (row_dtypes.py).
         self.row_dtypes = rows
         self.key_dtype = key_dtype
         self.dim = dim
         self.device_vocabulary_size = device_vocabulary_size
+        self.vocabulary_rows = device_vocabulary_size  # with the host tier's (create_table sets it)
         self.is_save = is_save
         self.init_param = init_param
         self.all2all_gradients_op = all2all_gradients_op
@@ -63,7 +68,8 @@ class EmbeddingTable:
         # The SSD tier (tiers.SsdTier, or None): the store's rows are then the memory tier.
         self.ssd = ssd
         self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank,
-                                      draws_natively=ssd is not None, values_format=self.row_dtypes.values_format)
+                                      draws_natively=ssd is not None, values_format=self.row_dtypes.values_format,
+                                      same_on_every_rank=self.placement.kind == REPLICATED)
         self.store.stochastic_rounding = self.row_dtypes.stochastic_rounding
         native_ops.register_store(self.store)
         weakref.finalize(self, native_ops.unregister_store, self.store)
@@ -158,6 +164,9 @@ class EmbeddingTable:
     def _make_variable(self, emb_initializer, rows):
         if self.expands or self.ssd is not None:
             initial = None  # the native core draws rows as they come into use (or, with an SSD tier, per key)
+        elif self.placement.kind == REPLICATED:
+            def initial():
+                return replica_initial(emb_initializer, self.table_name, [rows + 1, self.dim], self.init_param)
         else:
             def initial():
                 return emb_initializer([rows + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param,
@@ -208,9 +217,10 @@ class EmbeddingTable:
         return self.index.max_keys
 
     def global_size(self, timeout: float = 60.0) -> int:
-        """Keys held by all ranks together. Every rank must call it at the same point; a lone
-        caller gets a TimeoutError instead of hanging the job."""
-        return get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
+        """Keys held by all ranks together (a replicated table's once). Every rank must call it at
+        the same point; a lone caller gets a TimeoutError instead of hanging the job."""
+        total = get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
+        return total // get_world().size if self.placement.kind == REPLICATED else total
 
     def counters(self) -> "TableCounters":
         """This rank's counters (TableCounters)."""
@@ -279,10 +289,13 @@ def _say_tables_stay_on_the_host():
 def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabulary_size: int = 1,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
-                 shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, **kwargs) -> "EmbeddingTable":
+                 shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, sharding: Optional[str] = None,
+                 sharding_rank: Optional[int] = None, **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
-    float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py)."""
+    float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py). sharding:
+    'row_wise', 'table_wise' (on sharding_rank, or the least loaded rank) or 'replicated'; None:
+    init(sharding_plan=)'s plan, the planner with sharding_plan='auto', else row-wise (placing.py)."""
     owner = "create_table"
     export = export_view.view_of()
     if export is not None:  # a graph a serving export builds: the table's rows come from the checkpoint
@@ -316,14 +329,20 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
                          "value_dtype=tf.float32")
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
+    plan = placing.placement_of(cfg, name, sharding, sharding_rank, device_vocabulary_size + host_vocabulary_size,
+                                dim, 0)
+    placement = plan.placement
+    placing.check_placement(owner, name, placement, ssd_vocabulary_size > 0)
     # On a CPU host the device and host tiers are both this process's memory: their sum is the
     # memory budget, whose rows the kernels read directly (no swap between the two).
-    capacity = math.ceil((device_vocabulary_size + host_vocabulary_size) / cfg.size)
+    capacity = placement.rows_on(cfg.rank, cfg.size, device_vocabulary_size + host_vocabulary_size)
     ssd = None
     if ssd_vocabulary_size > 0:
-        ssd = SsdTier(paths, math.ceil(ssd_vocabulary_size / cfg.size), swap_policy())
+        ssd = SsdTier(paths, placement.rows_on(cfg.rank, cfg.size, ssd_vocabulary_size), swap_policy())
     table = EmbeddingTable(name, key_dtype, dim, capacity, device_vocabulary_size, emb_initializer,
-                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank, ssd, rows)
+                           init_param, is_save, all2all_gradients_op, cfg.use_dynamic_expansion, cfg.rank, ssd, rows,
+                           plan)
+    table.vocabulary_rows = device_vocabulary_size + host_vocabulary_size  # the planner's rows
     cfg.tables[name] = table
     if ssd is not None:
         log.info("table %r: dim %d, %d rows per rank in memory (device + host vocabulary) and up to %d on SSD under "
@@ -332,7 +351,8 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
         log.info("table %r: dim %d, grows from 0 rows per rank as keys arrive, up to %d (its memory limit; %d ranks)",
                  name, dim, table.max_rows(), cfg.size)
     else:
-        log.info("table %r: dim %d, %d rows per rank (%d ranks)", name, dim, capacity, cfg.size)
+        log.info("table %r: dim %d, %d rows on this rank (%d ranks, %s)", name, dim, capacity, cfg.size,
+                 placement.describe())
     if rows.compact:
         log.info("table %r: values in %s, optimizer slots in %s, %s rounding (bytes per row: "
                  "table.counters().bytes_per_row)", name, rows.values.name, rows.slots.name,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .array_files import ArrayEntry, CheckpointError
+from .sharding_plan import PlanError, TablePlan
 from .stream_positions import StreamPositions
 
 FORMAT = "shardrec-sparse-shard"
@@ -87,6 +88,9 @@ class TableEntry:
     files: Dict[str, ArrayEntry]
     admission: Optional[AdmissionEntry] = None
     removed_rows: Optional[int] = None
+    # Where the table lived when saved (its rows are saved once whatever it was); None: row-wise,
+    # as every save before placements.
+    sharding: Optional[TablePlan] = None
 
     def rows_of(self, name: str) -> Optional[int]:
         """The rows the manifest says its array `name` has."""
@@ -103,16 +107,23 @@ class TableEntry:
             out["admission"] = self.admission.to_json()
         if self.removed_rows is not None:
             out["removed_rows"] = self.removed_rows
+        if self.sharding is not None:
+            out["sharding"] = self.sharding.to_json()
         return out
 
     @classmethod
-    def from_json(cls, r: _Reader) -> "TableEntry":
+    def from_json(cls, r: _Reader, name: str = "", world_size: int = 1) -> "TableEntry":
         files = r.at("files")
         admission = r.get("admission", dict, None, optional=True)
+        sharding = r.get("sharding", dict, None, optional=True)
+        try:
+            plan = TablePlan.from_json(name, sharding, world_size, r.source) if sharding is not None else None
+        except PlanError as e:
+            raise CheckpointError(str(e)) from None
         return cls(r.get("dim", int), r.get("key_dtype", str), r.get("rows", int), r.get("optimizers", list),
                    r.get("slots", list), {k: _array_entry(files.at(k)) for k in files.raw},
                    AdmissionEntry.from_json(r.at("admission")) if admission is not None else None,
-                   r.get("removed_rows", int, None, optional=True))
+                   r.get("removed_rows", int, None, optional=True), plan)
 
 
 @dataclass(frozen=True)
@@ -188,5 +199,6 @@ class ShardManifest:
         layout = r.get("layout", str, SHARED)
         stream = StreamPositions.from_json(raw["stream"], source) if raw.get("stream") is not None else None
         return cls(r.get("step", int, None, optional=True), r.get("rank", int), r.get("world_size", int), layout,
-                   {name: TableEntry.from_json(tables.at(name)) for name in tables.raw}, kind,
+                   {name: TableEntry.from_json(tables.at(name), name, r.get("world_size", int))
+                    for name in tables.raw}, kind,
                    r.get("save_id", str, None, optional=True), stream=stream, source=source, **links)

@@ -247,17 +247,19 @@ def _no_sparse_dir(root: str) -> str:
     return f"{root}: no sparse checkpoint here (the directory does not exist)"
 
 
-def needed_shards(root: str, rank: int, size: int) -> tuple:
+def needed_shards(root: str, rank: int, size: int, every: bool = False) -> tuple:
     """(the shards this rank reads to restore from `root` into a world of `size`, {rank: dir},
-    the world size that wrote it). Raises CheckpointError when one is missing."""
+    the world size that wrote it). every: all of them (tables placed other than row-wise, now or
+    when saved, keep keys of any shard). Raises CheckpointError when one is missing."""
     shards, saved_size = find_shards(root)
     shared = read_manifest(next(iter(shards.values()))).shared
-    if not shared and saved_size != size:
+    if not shared and (saved_size != size or every):
         raise CheckpointError(f"{root}: written by {saved_size} ranks each under its own path; such a checkpoint "
-                              f"restores into {saved_size} ranks only (this job has {size}). To change the number "
-                              "of ranks, save with the same path on every rank")
+                              f"restores into {saved_size} ranks only, each table placed row-wise (this job has "
+                              f"{size} ranks{', and a table placed otherwise, now or when saved' if every else ''}). "
+                              "To change the number of ranks or a placement, save with the same path on every rank")
     # The same world reads its own shard; another world size reads them all and keeps its keys.
-    needed = [rank] if saved_size == size else list(range(saved_size))
+    needed = [rank] if saved_size == size and not every else list(range(saved_size))
     missing = [r for r in needed if r not in shards]
     if shared and not missing:
         missing = [r for r in range(saved_size) if r not in shards]

@@ -42,6 +42,7 @@ from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
 from . import ragged_ids
 from .routing import FeatureRouting, PoolRouting
+from ..embedding import placing
 from ..embedding.tiers import check_datasets
 from ..validation import check_bool, check_type
 from ..process.world import get_world
@@ -78,7 +79,7 @@ class _BatchKeyProcessor:
                       for s, p in zip(self.specs, self.pooled)]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()}"
-                     f"{('', ', pooled', ', pooled without weights')[p]})"
+                     f"{('', ', pooled', ', pooled without weights')[p]}, {t.placement.describe()})"
                      for s, t, c, p in zip(self.specs, tables, send_counts, pooled)]
             if self.timestamp is not None:
                 lines.append(f"timestamps '{self.timestamp.name}'")
@@ -90,7 +91,7 @@ class _BatchKeyProcessor:
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
                                                         "\n".join(lines),
                                                         self.timestamp.name if self.timestamp is not None else "",
-                                                        pooled)
+                                                        pooled, [t.placement.native for t in tables])
         return self._features
 
     def __call__(self, is_end, *key_arrays):
@@ -193,6 +194,8 @@ class InsertFunction:
             raise ValueError("get_asc_insert_func: this insert function already runs on a dataset whose features "
                              "are variable-length in other places; make one insert function per dataset")
         self._processor.pooled = pooled
+        if self.channel == Channel.TRAIN:
+            self._count_ids(element_spec, pooled)
         if self.timestamp is not None:
             key = self.timestamp.index_key
             if key not in element_spec:
@@ -203,6 +206,14 @@ class InsertFunction:
                 raise TypeError(f"get_asc_insert_func: is_timestamp feature {self.timestamp.name!r} is "
                                 f"{spec.dtype.name} of shape {spec.shape}; timestamps must be int64 seconds of shape "
                                 "[batch] or [batch, 1] (one per sample)")
+
+    def _count_ids(self, element_spec, pooled):
+        """Each table's ids per batch where the shapes say (a variable-length feature's: unknown)."""
+        ids = config.get_config().graph_state().training_ids
+        for spec, ragged in zip(self.specs, pooled):
+            known = None if ragged else element_spec[spec.index_key].shape.num_elements()
+            if known:
+                ids[(spec.table_name, spec.name)] = known
 
     def _exchange(self, batch, is_end):
         batch = dict(batch)
@@ -303,6 +314,9 @@ def start_asc_pipeline() -> None:
                                f"does not exist in this graph; tables created so far: {known}")
     configure_tables(state.tables, state.insert_functions)
     check_datasets(state.tables, state.insert_functions)
+    plan = placing.job_plan(cfg, state.tables)
+    if cfg.rank == 0:
+        log.info("%s", plan.render())
     if cfg.size > 1:
         get_world().make_row_exchanges(state.row_exchanges)
     state.pipeline_started = True

@@ -4,6 +4,7 @@ import tensorflow as tf
 from ..process import config
 from ..embedding import export_view, native_ops
 from ..formats.channel import Channel, RowExchangeName
+from ..formats.sharding_plan import REPLICATED
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from ..optimizers import by_address
@@ -72,6 +73,28 @@ def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchan
                                    get_world().exchange_timeout_s, exchange.gradients)
     back.set_shape([static_rows, dim])
     return back
+
+
+def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state):
+    """A replicated table: every rank holds every row, so a rank reads its own keys' rows from its
+    own replica (its block among the keys every rank received) and nothing crosses forward. Each
+    replica must learn every rank's gradients, as a row-wise owner does from its requesters: the
+    gradient of this rank's block goes to every rank (the block repeated once per rank on the
+    lookup's gradient communicator), landing where that rank's keys sit among those received."""
+    state.row_exchanges.append(exchange)
+    begin = tf.cumsum(routing.send_splits, exclusive=True)[cfg.rank]
+    size = routing.send_splits[cfg.rank]
+    timeout = get_world().exchange_timeout_s
+
+    @tf.custom_gradient
+    def own_block(received):
+        def grad(dy):
+            every_rank = tf.tile(dy, [cfg.size, 1])
+            return native_ops.row_alltoall(every_rank, routing.recv_splits, routing.send_splits, exchange.gradients,
+                                           timeout)
+        return tf.slice(received, tf.stack([begin, 0]), tf.stack([size, -1])), grad
+
+    return own_block(rows)
 
 
 def _exchange_name(state, table, spec, channel: Channel) -> RowExchangeName:
@@ -183,6 +206,8 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         raise ValueError(f"{_OWNER}: serving_default_value applies to lookups of one row per id; a pooled lookup "
                          "(variable-length ids) reads a missing id's row as zeros: leave it out")
     state = cfg.graph_state()
+    if table.placement.kind == REPLICATED and cfg.size > 1:
+        return _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name, state)
     if weights is not None:
         state.weighted_pools.add((spec.name, channel))
 
@@ -195,6 +220,20 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         rows = _distinct_rows(cfg, table, routing, channel, is_grad)
         emb = pooled_lookup.pooled_rows(cfg.size, rows, pool, ragged, combiners.checked_weights(weights, ragged),
                                         combiner, exchange)
+        emb.set_shape([ragged.shape[0], table.dim])
+        return emb
+
+
+def _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name, state):
+    """A replicated table's variable-length ids: the key round routed them as any ids (no pooling
+    round), every row is on this rank, so it pools its own examples: its ids' rows from its own
+    replica (_own_rows), weighted and combined per example as tf.nn.embedding_lookup_sparse."""
+    with tf.name_scope(name or f"{table.table_name}_lookup"):
+        ragged = ragged_ids.as_ragged(ids)
+        rows = _rows_asked_for(cfg, table, routing, channel, is_grad, None)
+        own = _own_rows(cfg, rows, routing, _exchange_name(state, table, spec, channel), state)
+        per_id = native_ops.row_gather(own, routing.restore)
+        emb = combiners.combine_rows(per_id, ragged, combiners.checked_weights(weights, ragged), combiner)
         emb.set_shape([ragged.shape[0], table.dim])
         return emb
 
@@ -241,9 +280,12 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:
         state = cfg.graph_state()
-        rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
-                                   None if cfg.use_dynamic else send_count * cfg.size,
-                                   _exchange_name(state, table, spec, channel), state)
+        name = _exchange_name(state, table, spec, channel)
+        if table.placement.kind == REPLICATED:
+            rows = _own_rows(cfg, rows, routing, name, state)
+        else:
+            rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
+                                       None if cfg.use_dynamic else send_count * cfg.size, name, state)
     emb = native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:
         default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])

@@ -27,6 +27,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..embedding import native_ops
+from ..formats.channel import Channel
+from ..process import config
+from ..process.world import get_world
+
 ROW_EXCHANGE_OP = "ShardrecRowAlltoall"
 INPUT_OPS = ("IteratorGetNext", "IteratorGetNextSync")
 # A dequeue of a ready batch takes microseconds; a step that waited longer than this for its batch
@@ -285,3 +290,16 @@ class StepTimeline:
         ranks = [json.loads(t) for t in world.gather_texts(json.dumps(mine.as_dict()), "the step timeline")] \
             if world.size > 1 else [mine.as_dict()]
         return dataclasses.replace(mine, ranks=tuple(ranks))
+
+
+def wire_bytes(channel: Channel = Channel.TRAIN) -> int:
+    """Bytes this rank has sent other ranks on `channel` so far: its key rounds (keys, their counts,
+    bucket sizes, pooled features' id words; the key exchange's own counters) and the row exchanges
+    of this graph's lookups (rows and gradients; the op library's counters). Its own blocks are
+    copies and not counted. The difference over n steps, divided by n, is a step's traffic."""
+    counters = get_world().exchanges[channel].counters()
+    total = counters.key_bytes_sent + counters.pool_bytes_sent
+    for name in set(config.get_config().graph_state().row_exchanges):
+        if name.channel == channel:
+            total += native_ops.exchange_bytes_sent(name.rows) + native_ops.exchange_bytes_sent(name.gradients)
+    return total

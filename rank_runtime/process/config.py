@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from . import heartbeat
 from ..formats.channel import Channel, RowExchangeName
+from ..formats.sharding_plan import ShardingPlan
 from ..validation import check_bool
 
 
@@ -39,6 +40,10 @@ class RuntimeConfig:
     # A checkpoint was restored (or warm-started) in this process: what if_load=True waits for.
     loaded: bool = False
     graphs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    # init(sharding_plan=): the plan every table takes its placement from (None: none given), or,
+    # with sharding_auto, the planner places each table create_table does not place itself.
+    sharding_plan: Optional[ShardingPlan] = None
+    sharding_auto: bool = False
 
     def graph_state(self, graph: Optional[tf.Graph] = None) -> "GraphState":
         """The tables and pipeline state of `graph` (default: the current default graph)."""
@@ -73,6 +78,13 @@ class GraphState:
     # (feature name, channel) of the variable-length lookups given weights: their singleton
     # partials cannot be shared (pooling.h).
     weighted_pools: Set[Tuple[str, Channel]] = field(default_factory=set)
+    # (table name, feature name) -> the training feature's ids in one batch, where the dataset's
+    # shapes say (the sharding planner's ids per step; get_asc_insert_func files them).
+    training_ids: Dict[Tuple[str, str], int] = field(default_factory=dict)
+
+    def ids_per_step(self, table: str) -> int:
+        """Ids of `table`'s training features in one batch (0: not known)."""
+        return sum(n for (t, _), n in self.training_ids.items() if t == table)
 
 
 @dataclass

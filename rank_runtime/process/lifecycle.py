@@ -6,10 +6,11 @@ import atexit
 import gc
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from . import batch_events, config, exit_hooks, heartbeat, metrics, resize, tf_patches
 from ..formats import heartbeat_format
+from ..formats.sharding_plan import AUTO, PlanError, ShardingPlan
 from .logs import get_logger, warn_once
 from ..validation import INT32_MAX, check_bool, check_int
 from .world import get_world
@@ -87,7 +88,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
          use_dynamic: bool = True, use_dynamic_expansion: bool = False, if_load: bool = False, bind_cpu: bool = False,
          is_incremental_checkpoint: bool = False, save_checkpoint_due_time: Optional[int] = None,
          save_delta_checkpoints_secs: Optional[int] = None, restore_model_version: Optional[int] = None,
-         recent_key_count_threshold: int = 0, **kwargs) -> config.RuntimeConfig:
+         recent_key_count_threshold: int = 0, sharding_plan: Union[None, str, os.PathLike, ShardingPlan] = None,
+         **kwargs) -> config.RuntimeConfig:
     """Initialises shardrec in this process; call once before building the graph. Every parameter
     of the Rec SDK's init is accepted (docs/reference/init.md); those without a counterpart here are said in
     the log."""
@@ -120,6 +122,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     if "prefetch_batch_number" in kwargs:
         check_int("init", "prefetch_batch_number", kwargs["prefetch_batch_number"], 1, INT32_MAX)
     world = get_world()  # starts MPI; from here on log lines carry the rank
+    plan, auto = _sharding_plan(sharding_plan, world.size)
     _warn_unused_steps(steps)
     for name in sorted(kwargs):
         warn_once(f"init({name}={kwargs[name]!r}) has no effect in shardrec: {_NO_COUNTERPART[name]}", "shardrec.config")
@@ -142,7 +145,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
         _bind_to_cores(world.local_rank, world.local_size)
     cfg = config.RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion, if_load=if_load,
                                rank=rank, size=size, incremental=incremental,
-                               restore_model_version=restore_model_version)
+                               restore_model_version=restore_model_version, sharding_plan=plan, sharding_auto=auto)
     config.install(cfg)
     heartbeat.stacks_on_sigusr1()
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
@@ -160,7 +163,25 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
 _INIT_PARAMETERS = ("max_steps", "train_steps", "eval_steps", "save_steps", "use_dynamic", "use_dynamic_expansion",
                     "if_load", "bind_cpu", "is_incremental_checkpoint", "save_checkpoint_due_time",
                     "save_delta_checkpoints_secs", "restore_model_version", "recent_key_count_threshold",
-                    *_NO_COUNTERPART)
+                    "sharding_plan", *_NO_COUNTERPART)
+
+
+def _sharding_plan(given, world_size: int) -> "tuple[Optional[ShardingPlan], bool]":
+    """(the plan, whether the planner places the tables no plan or sharding= places): None (every
+    table row-wise unless create_table says otherwise), "auto", a plan file's path, or a ShardingPlan."""
+    if given is None:
+        return None, False
+    if isinstance(given, str) and given == AUTO:
+        return None, True
+    if isinstance(given, (str, os.PathLike)):
+        return ShardingPlan.load(os.fspath(given), world_size), False
+    if isinstance(given, ShardingPlan):
+        if given.world_size != world_size:
+            raise PlanError(f"init: sharding_plan was made for {given.world_size} rank(s), this job has {world_size}; "
+                            "plan again for this world size (plan_sharding(..., world_size=...)), or use 'auto'")
+        return given, False
+    raise TypeError(f"init: parameter 'sharding_plan' is {given!r}; allowed: None (row-wise unless create_table's "
+                    f"sharding= says), {AUTO!r} (the planner), the path of a JSON plan, or a ShardingPlan")
 
 
 def terminate_config_initializer() -> None:

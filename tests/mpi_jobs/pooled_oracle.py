@@ -5,7 +5,7 @@ same global batches and compares.
 
     mpiexec -np N python pooled_oracle.py OUT_DIR CONFIG [CONFIG ...]
 
-CONFIG is FORM-COMBINER-WEIGHTS-OPT[-admission|-eviction|-expansion|-static]: FORM ragged (a ragged_batch dataset,
+CONFIG is FORM-COMBINER-WEIGHTS-OPT[-admission|-eviction|-expansion|-static|-tablewise|-replicated]: FORM ragged (a ragged_batch dataset,
 FeatureSpec mode), sparse (a SparseTensor element, FeatureSpec mode) or graph (modify_graph=True
 on ragged ids); COMBINER sum, mean or sqrtn; WEIGHTS w or now; OPT sgd or lazy_adam.
 """
@@ -72,8 +72,11 @@ def train(config, out_dir):
     access = ACCESS if "admission" in extra or "eviction" in extra else None
     # Static shapes: send_count bounds the distinct ids a rank sends one owner in a batch.
     send_count = GLOBAL_BATCH * MAX_IDS if "static" in extra else None
+    # tablewise: the whole table on the last rank; replicated: on every rank (docs/guide/sharding.md).
+    placed = {"sharding": "table_wise", "sharding_rank": size - 1} if "tablewise" in extra else \
+        {"sharding": "replicated"} if "replicated" in extra else {}
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.constant_initializer(0.1),
-                         device_vocabulary_size=8 * size if "expansion" in extra else 256)
+                         device_vocabulary_size=8 * size if "expansion" in extra else 256, **placed)
     if form == "graph":
         iterator = tf.compat.v1.data.make_initializable_iterator(data)
         batch = iterator.get_next()

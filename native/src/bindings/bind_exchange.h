@@ -11,23 +11,32 @@ void bind_feature_set(py::module_& m) {
   py::class_<FeatureSet>(m, "FeatureSet")
       .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
                        const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
-                       std::string description, std::string timestamp_feature, std::vector<int> pooled) {
+                       std::string description, std::string timestamp_feature, std::vector<int> pooled,
+                       std::vector<int> placements) {
              const size_t n = names.size();
              if (pooled.empty()) pooled.assign(n, 0);
-             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n || pooled.size() != n)
+             if (placements.empty()) placements.assign(n, shardrec::kRowWise);
+             if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n || pooled.size() != n ||
+                 placements.size() != n)
                throw std::invalid_argument(
-                   "names, indexes, send_counts, int32_keys and pooled need one entry per feature");
+                   "names, indexes, send_counts, int32_keys, pooled and placements need one entry per feature");
              std::vector<shardrec::ExchangeFeature> features;
-             for (size_t f = 0; f < n; ++f)
-               features.push_back(
-                   shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f], pooled[f]});
+             for (size_t f = 0; f < n; ++f) {
+               if (placements[f] < shardrec::kReplicated)
+                 throw std::invalid_argument("feature '" + names[f] + "': placement " + std::to_string(placements[f]) +
+                                             "; allowed: -1 row-wise, -2 replicated, a rank >= 0 table-wise");
+               features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f],
+                                                            pooled[f], placements[f]});
+             }
              return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
            }),
            py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
-           py::arg("timestamp_feature") = "", py::arg("pooled") = std::vector<int>{}, py::keep_alive<1, 3>(),
+           py::arg("timestamp_feature") = "", py::arg("pooled") = std::vector<int>{},
+           py::arg("placements") = std::vector<int>{}, py::keep_alive<1, 3>(),
            "The features of one insert function, in the order every rank uses; `description` (a line per "
            "feature) is what the ranks compare. A pooled feature (pooled 1; 2: no lookup of it has weights) "
-           "takes its ids as (ids, row_splits).")
+           "takes its ids as (ids, row_splits). placements: per feature, its table's (-1 row-wise, -2 "
+           "replicated, a rank: table-wise).")
       .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
 }
 

@@ -143,7 +143,9 @@ void bind_index_checkpoints(py::class_<EmbeddingIndex>& c) {
       .def(
           "save_columns",
           [](EmbeddingIndex& index, std::vector<int> columns, std::vector<std::string> paths, py::object step,
-             size_t chunk_rows, const std::string& mode) {
+             size_t chunk_rows, const std::string& mode, int keep_world, int keep_rank) {
+            if (keep_world < 1 || keep_rank < 0 || keep_rank >= keep_world)
+              throw std::invalid_argument("keep_rank must be in [0, keep_world)");
             if (paths.size() != columns.size()) throw std::invalid_argument("one path per column expected");
             using Mode = EmbeddingIndex::SaveMode;
             const Mode m = mode == "plain" ? Mode::kPlain : mode == "full" ? Mode::kFull : mode == "delta" ? Mode::kDelta
@@ -152,17 +154,18 @@ void bind_index_checkpoints(py::class_<EmbeddingIndex>& c) {
             EmbeddingIndex::SavedColumns saved;
             {
               py::gil_scoped_release nogil;
-              saved = index.save_columns(at, when, columns, paths, chunk_rows, m);
+              saved = index.save_columns(at, when, columns, paths, chunk_rows, m, keep_world, keep_rank);
             }
             py::list files;
             for (const auto& f : saved.files) files.append(py::make_tuple(f.bytes, f.crc));
             return py::make_tuple(std::move(saved.state), files);
           },
           py::arg("columns"), py::arg("paths"), py::arg("step") = py::none(), py::arg("chunk_rows") = 16384,
-          py::arg("mode") = "plain",
+          py::arg("mode") = "plain", py::arg("keep_world") = 1, py::arg("keep_rank") = 0,
           "snapshot()'s state with the columns written to `paths` as .npy files, a chunk of rows at a time "
           "(array_file.h): (IndexState, [(bytes, crc32)] per file). mode 'full' also forgets what changed "
-          "since the last save; 'delta' saves only the keys whose rows changed (and IndexState.removed).")
+          "since the last save; 'delta' saves only the keys whose rows changed (and IndexState.removed). "
+          "keep_world > 1: only the keys with key mod keep_world == keep_rank (a replicated table's share).")
       .def("track_changes", &EmbeddingIndex::track_changes, py::arg("on"),
            "Remembers the keys removed from now on, for the next delta save (incremental checkpoints).")
       .def("clear_changes", &EmbeddingIndex::clear_changes, "Every row as saved (after a restore).")

@@ -115,8 +115,10 @@ class KeyExchange {
   bool run_checked(const FeatureSet& fs, std::vector<RouterInput> keys, bool has_data,
                    std::vector<FeatureRouting>& out, BatchTimestamps ts) {
     // Training lookups of a table with admission count their keys on the owner.
-    for (size_t f = 0; f < keys.size() && f < fs.features.size(); ++f)
+    for (size_t f = 0; f < keys.size() && f < fs.features.size(); ++f) {
       keys[f].counted = allocate_ && fs.features[f].index->counts();
+      keys[f].placement = fs.features[f].placement;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     cpu_ns0_ = thread_cpu_ns();
     coll_ns0_ = comm_.ns_waiting();
@@ -138,6 +140,7 @@ class KeyExchange {
     if (allocate_ && std::any_of(all.begin(), all.end(), [](const RankStatus& s) { return s.save_asked != 0; }))
       save_request_step_.store(step_ + 1);  // the step that trains this batch
     router_.exchange(comm_);
+    counters_.key_bytes_sent += router_.bytes_sent();
     begin_batch(fs, out);
     resolve_all(fs, out);
     pool(fs, keys, out);
@@ -180,6 +183,14 @@ class KeyExchange {
     std::vector<size_t> which;
     for (size_t f = 0; f < fs.features.size(); ++f) {
       if (!fs.features[f].pooled) continue;
+      if (fs.features[f].placement == kReplicated && comm_.world() > 1) {
+        // Every rank holds every row: the requester pools its own ids (rank_runtime/pipeline/lookup.py).
+        PoolRouting& none = out[f].pool;
+        for (RoutingVector* v : {&none.partial_send_splits, &none.occ_recv_splits, &none.partial_recv_splits,
+                                 &none.occ_send_splits})
+          v->assign(static_cast<size_t>(comm_.world()), 0);
+        continue;
+      }
       std::vector<int32_t> received(static_cast<size_t>(comm_.world()));
       for (int s = 0; s < comm_.world(); ++s) received[s] = router_.received_count(f, s);
       const FeatureRouting& o = out[f];
@@ -187,9 +198,9 @@ class KeyExchange {
       const bool share = fs.features[f].pooled == 2;
       in.push_back(k.keys_are_int32
                        ? pool_input(static_cast<const int32_t*>(k.keys), k.splits, k.examples, share, o.restore,
-                                    o.recv_splits, o.send_splits, o.expand, std::move(received))
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement)
                        : pool_input(static_cast<const int64_t*>(k.keys), k.splits, k.examples, share, o.restore,
-                                    o.recv_splits, o.send_splits, o.expand, std::move(received)));
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement));
       which.push_back(f);
     }
     if (which.empty()) return;
@@ -474,7 +485,11 @@ class KeyExchange {
     // Requester side: each id's row among those that come back, laid out by owner rank.
     const auto& unique = router_.unique(f);
     std::vector<int32_t> back(unique.size());
-    for (size_t u = 0; u < unique.size(); ++u) back[u] = back_base[router_.owner(f, u)] + router_.place(f, u);
+    // A replicated table's rows are this rank's own: the lookup reads them from its own block.
+    if (router_.replicated(f))
+      for (size_t u = 0; u < unique.size(); ++u) back[u] = router_.place(f, u);
+    else
+      for (size_t u = 0; u < unique.size(); ++u) back[u] = back_base[router_.owner(f, u)] + router_.place(f, u);
     o.restore.swap(restore_[f]);
     for (auto& r : o.restore) r = back[r];
   }

@@ -17,6 +17,11 @@
 
 namespace shardrec {
 
+// Where a table's keys live (the sharding planner's placement, rank_runtime/embedding/planner.py):
+// spread by key (row-wise), all on one rank (table-wise: that rank, >= 0), or on every rank.
+constexpr int kRowWise = -1;
+constexpr int kReplicated = -2;
+
 inline int owner_of(int64_t key, int world) {
   const int64_t r = key % world;
   return static_cast<int>(r < 0 ? r + world : r);
@@ -41,6 +46,7 @@ struct RouterInput {
   // A pooled feature's examples: ragged row splits (examples + 1 of them); nullptr otherwise.
   const int64_t* splits = nullptr;
   size_t examples = 0;
+  int placement = kRowWise;  // kRowWise, kReplicated or the rank of a table-wise table
 };
 
 // The batch's per-sample timestamps (the is_timestamp feature): id i of a feature with n ids
@@ -61,6 +67,7 @@ class KeyRouter {
     owner_.resize(nf_);
     place_.resize(nf_);
     meta_.resize(nf_);
+    replicated_.assign(nf_, false);
     counted_ = false;
     counts_.assign(nf_, std::vector<int32_t>(world_, 0));
     restore.resize(nf_);
@@ -70,10 +77,23 @@ class KeyRouter {
         dedup_.run(static_cast<const int32_t*>(in[f].keys), in[f].n, unique_[f], restore[f].data());
       else
         dedup_.run(static_cast<const int64_t*>(in[f].keys), in[f].n, unique_[f], restore[f].data());
-      owner_[f].resize(unique_[f].size());
-      place_[f].resize(unique_[f].size());
-      owners_of(unique_[f].data(), unique_[f].size(), world_, owner_[f].data());
-      for (size_t u = 0; u < unique_[f].size(); ++u) place_[f][u] = counts_[f][owner_[f][u]]++;
+      const size_t nu = unique_[f].size();
+      owner_[f].resize(nu);
+      place_[f].resize(nu);
+      replicated_[f] = in[f].placement == kReplicated;
+      if (in[f].placement == kRowWise) {
+        owners_of(unique_[f].data(), nu, world_, owner_[f].data());
+        for (size_t u = 0; u < nu; ++u) place_[f][u] = counts_[f][owner_[f][u]]++;
+      } else {
+        // One owner (table-wise), or every rank (replicated): each gets the unique keys in order.
+        if (in[f].placement >= world_ || in[f].placement < kReplicated)
+          throw std::invalid_argument("placement " + std::to_string(in[f].placement) + " outside the world of " +
+                                      std::to_string(world_) + " ranks");
+        std::fill(owner_[f].begin(), owner_[f].end(), in[f].placement);
+        for (size_t u = 0; u < nu; ++u) place_[f][u] = static_cast<int32_t>(u);
+        for (int r = 0; r < world_; ++r)
+          if (replicated_[f] || r == in[f].placement) counts_[f][r] = static_cast<int32_t>(nu);
+      }
       if (in[f].counted) count(f, in[f], restore[f].data(), ts);
     }
   }
@@ -87,6 +107,8 @@ class KeyRouter {
     for (size_t r = 0; r < w; ++r)
       for (size_t f = 0; f < nf_; ++f) send_counts[r * nf_ + f] = counts_[f][r];
     comm.alltoall(send_counts.data(), recv_counts_.data(), static_cast<int>(nf_), "bucket sizes");
+    const size_t me = static_cast<size_t>(comm.rank());
+    bytes_sent_ = (w - 1) * nf_ * sizeof(int32_t);
 
     std::vector<int> sdispl(w + 1, 0), scount(w, 0), rcount(w, 0);
     rdispl_.assign(w + 1, 0);
@@ -102,11 +124,16 @@ class KeyRouter {
     recv_buf_.resize(static_cast<size_t>(rdispl_[w]));
     std::vector<int> base(sdispl.begin(), sdispl.end() - 1);
     for (size_t f = 0; f < nf_; ++f) {
-      for (size_t u = 0; u < unique_[f].size(); ++u) send_buf_[base[owner_[f][u]] + place_[f][u]] = unique_[f][u];
+      if (replicated_[f])
+        for (size_t r = 0; r < w; ++r) std::copy(unique_[f].begin(), unique_[f].end(), send_buf_.begin() + base[r]);
+      else
+        for (size_t u = 0; u < unique_[f].size(); ++u) send_buf_[base[owner_[f][u]] + place_[f][u]] = unique_[f][u];
       for (size_t r = 0; r < w; ++r) base[r] += counts_[f][r];
     }
     comm.alltoallv(send_buf_.data(), scount.data(), sdispl.data(), recv_buf_.data(), rcount.data(), rdispl_.data(),
                    "keys");
+    const size_t others = static_cast<size_t>(sdispl[w] - scount[me]) * sizeof(int64_t);
+    bytes_sent_ += counted_ ? 3 * others : others;  // a counted key's two words go with it
     if (!counted_) return;
     // Two words per key (occurrences, newest timestamp) at twice the key's position; features
     // that do not count send zeros.
@@ -121,7 +148,9 @@ class KeyRouter {
     meta_recv_.resize(recv_buf_.size() * 2);
     base.assign(sdispl.begin(), sdispl.end() - 1);
     for (size_t f = 0; f < nf_; ++f) {
-      if (!meta_[f].empty())
+      if (!meta_[f].empty() && replicated_[f])
+        for (size_t r = 0; r < w; ++r) std::copy(meta_[f].begin(), meta_[f].end(), meta_send_.begin() + base[r]);
+      else if (!meta_[f].empty())
         for (size_t u = 0; u < unique_[f].size(); ++u) {
           const size_t at = static_cast<size_t>(base[owner_[f][u]]) + 2 * static_cast<size_t>(place_[f][u]);
           meta_send_[at] = meta_[f][2 * u];
@@ -134,6 +163,8 @@ class KeyRouter {
   }
 
   size_t features() const { return nf_; }
+  // Bytes the last exchange() sent to other ranks (bucket sizes, keys, counts).
+  uint64_t bytes_sent() const { return bytes_sent_; }
   const std::vector<int64_t>& unique(size_t f) const { return unique_[f]; }
   // Unique keys of feature f this rank sends to `owner`.
   int32_t sent(size_t f, int owner) const { return counts_[f][owner]; }
@@ -143,8 +174,10 @@ class KeyRouter {
   const int64_t* received_meta(size_t f, int source) const {
     return meta_recv_.data() + 2 * received_offset(f, source);
   }
-  // Where unique key u of feature f sits among what `owner_of(u)` returns: owner and position.
+  // Where unique key u of feature f sits among what `owner_of(u)` returns: owner and position
+  // (a replicated feature's keys go to every rank, each at its place u: owner() is kReplicated).
   int owner(size_t f, size_t u) const { return owner_[f][u]; }
+  bool replicated(size_t f) const { return replicated_[f]; }
   int32_t place(size_t f, size_t u) const { return place_[f][u]; }
 
  private:
@@ -186,12 +219,14 @@ class KeyRouter {
   }
 
   size_t nf_ = 0;
+  uint64_t bytes_sent_ = 0;
   bool counted_ = false;
   std::vector<std::vector<int64_t>> meta_;  // per feature: 2 words per unique key, empty if not counted
   std::vector<int64_t> meta_send_, meta_recv_;
   int world_ = 1;
   BatchDedup dedup_;
   std::vector<std::vector<int64_t>> unique_;
+  std::vector<bool> replicated_;
   std::vector<std::vector<int32_t>> owner_, place_, counts_;
   std::vector<int32_t> recv_counts_;
   std::vector<int> rdispl_;

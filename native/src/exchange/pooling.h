@@ -61,7 +61,9 @@ struct PoolInput {
 template <typename Key>
 PoolInput pool_input(const Key* keys, const int64_t* splits, size_t examples, bool share_singletons,
                      const RoutingVector& restore, const RoutingVector& recv_splits, const RoutingVector& send_splits,
-                     const RoutingVector& expand, std::vector<int32_t> received) {
+                     const RoutingVector& expand, std::vector<int32_t> received, int placement = kRowWise) {
+  // placement: a table-wise table's rank owns every id; row-wise: key mod world (never kReplicated:
+  // a replicated table's ids are pooled by the requester).
   const size_t w = recv_splits.size(), n = restore.size();
   PoolInput in{splits, examples, share_singletons, std::vector<int32_t>(n), std::vector<int32_t>(n), &expand,
                std::vector<int32_t>(w, 0), std::move(received)};
@@ -71,7 +73,7 @@ PoolInput pool_input(const Key* keys, const int64_t* splits, size_t examples, bo
     in.received_base[r] = in.received_base[r - 1] + send_splits[r - 1];
   }
   for (size_t i = 0; i < n; ++i) {
-    in.owner[i] = owner_of(static_cast<int64_t>(keys[i]), static_cast<int>(w));
+    in.owner[i] = placement >= 0 ? placement : owner_of(static_cast<int64_t>(keys[i]), static_cast<int>(w));
     in.place[i] = restore[i] - back_base[in.owner[i]];
   }
   return in;

@@ -235,14 +235,17 @@ class EmbeddingIndex {
   // A save that fails on any rank is followed by a full one (rank_runtime/checkpoint/saver.py), so nothing
   // taken here is ever put back.
   enum class SaveMode : int { kPlain = 0, kFull = 1, kDelta = 2 };
+  // keep_world > 1: only the keys with key mod keep_world == keep_rank (a replica's share).
   SavedColumns save_columns(bool as_of, int64_t step, const std::vector<int>& columns,
-                            const std::vector<std::string>& paths, size_t chunk_rows, SaveMode mode) {
+                            const std::vector<std::string>& paths, size_t chunk_rows, SaveMode mode,
+                            int keep_world = 1, int keep_rank = 0) {
     std::lock_guard<std::mutex> g(mu_);
     SavedColumns out;
     const bool delta = mode == SaveMode::kDelta;
     export_.state(as_of, step, newest_, out.state, delta);
     if (delta) changes_.keep_changed(out.state);
     if (mode != SaveMode::kPlain) changes_.take_removed(as_of ? step : INT64_MAX, out.state.removed);
+    out.state.keep_owned(keep_world, keep_rank);
     if (mode == SaveMode::kFull) changes_.forget(true);
     out.files = export_.write_columns(out.state, store_->dim(), columns, paths, chunk_rows);
     return out;

@@ -3,6 +3,7 @@
 // fields) and its dict for JSON cannot disagree.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,7 +40,8 @@ namespace shardrec {
   X(uint64_t, ns_in_collectives, "nanoseconds spent waiting in MPI, all rounds together")        \
   X(uint64_t, ns_total, "nanoseconds spent in the exchange, all rounds together")                \
   X(uint64_t, ns_cpu, "CPU nanoseconds the exchange's thread used in it (its own work, not its waits)")          \
-  X(uint64_t, pool_bytes_sent, "bytes of pooled features' id words sent to other ranks (exchange/pooling.h)")
+  X(uint64_t, pool_bytes_sent, "bytes of pooled features' id words sent to other ranks (exchange/pooling.h)") \
+  X(uint64_t, key_bytes_sent, "bytes of keys, their counts and bucket sizes sent to other ranks in key rounds")
 
 #define SHARDREC_FIELD(type, name, doc) type name = 0;
 struct IndexCounters {
@@ -70,6 +72,46 @@ struct IndexState {
   std::vector<int64_t> removed;  // a delta save's keys removed since the previous save
   int64_t newest = -1;
   bool exact = true;  // false: the journal no longer reached back to the step asked for
+
+  // Only the keys with key mod world == rank (non-negative), rows and admission state with them:
+  // what one replica of a replicated table writes, so that the replicas' saves hold each key once.
+  void keep_owned(int world, int rank) {
+    if (world <= 1) return;
+    auto owned = [&](int64_t k) {
+      const int64_t r = k % world;
+      return (r < 0 ? r + world : r) == rank;
+    };
+    size_t out = 0;
+    const bool counted = counts.size() == keys.size();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!owned(keys[i])) continue;
+      keys[out] = keys[i];
+      rows[out] = rows[i];
+      if (counted) {
+        counts[out] = counts[i];
+        last_seen[out] = last_seen[i];
+      }
+      ++out;
+    }
+    keys.resize(out);
+    rows.resize(out);
+    if (counted) {
+      counts.resize(out);
+      last_seen.resize(out);
+    }
+    size_t p = 0;
+    for (size_t i = 0; i < pending.keys.size(); ++i) {
+      if (!owned(pending.keys[i])) continue;
+      pending.keys[p] = pending.keys[i];
+      pending.counts[p] = pending.counts[i];
+      pending.last_seen[p] = pending.last_seen[i];
+      ++p;
+    }
+    pending.keys.resize(p);
+    pending.counts.resize(p);
+    pending.last_seen.resize(p);
+    removed.erase(std::remove_if(removed.begin(), removed.end(), [&](int64_t k) { return !owned(k); }), removed.end());
+  }
 };
 
 }  // namespace shardrec

@@ -1,0 +1,196 @@
+"""The sharding planner: each table placed where it costs least, by a cost model of what a training
+step moves and does per rank, so that the most loaded rank's cost is as small as it can be made.
+
+Like TorchRec's planner (enumerate the placements of each table, estimate each one's cost and
+memory, then place tables so as to minimise the most loaded rank) with the placements shardrec
+has: row-wise (keys spread by key mod world size), table-wise (every key on one rank) and
+replicated (every rank holds the table; lookups stay local, each rank's gradients go to every
+rank). Pure Python on a few numbers per table: a plan for 1,000 tables takes milliseconds, the
+same on every rank (no collective needed: the inputs are the same everywhere).
+
+The cost of one table under one placement, per rank and training step (formats/sharding_plan.py's
+TableCost), with n ids of the table in one rank's batch over R rows, u = R(1 - e^(-n/R)) of them
+distinct (uniform draws: an upper bound for skewed ids, which repeat more) and U = R(1 - e^(-Wn/R))
+distinct over all W ranks:
+
+  row-wise     sends (W-1)/W u keys, as many rows back as owner, as many gradients; works on u rows;
+               2 row exchanges (forward and backward)
+  table-wise   the table's rank sends (W-1) u rows; the others send u keys and u gradients; the
+               table's rank works on U rows; 2 row exchanges
+  replicated   every rank sends (W-1) u keys and (W-1) u gradients and works on U rows; 1 row exchange
+
+seconds = bytes / bytes_per_second + exchanges x seconds_per_exchange + rows worked x (dim x
+seconds_per_float + seconds_per_key) (CostModel: estimates for a 2-core VM of this project's CI, see
+docs/guide/sharding.md). A replicated table also holds every row on every rank: the memory budget
+(memory_budget=, by default in init(sharding_plan="auto") half the host's memory shared by its
+ranks) keeps large tables from being replicated.
+"""
+import math
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..formats.sharding_plan import (REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError, ShardingPlan,
+                                     TableCost, TablePlan)
+
+KEY_BYTES = 8
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What the planner knows of a table: `rows` (its vocabulary), `dim`, `row_bytes` (a row's memory
+    with optimizer slots and metadata; default: float32 values and two slots), the ids of its
+    features in one rank's batch (`ids_per_step`, 0: unknown, taken as `rows`), and optionally the
+    distinct ids measured per batch and a constraint (`sharding`, and `rank` for a table-wise one)."""
+    name: str
+    rows: int
+    dim: int
+    row_bytes: int = 0
+    ids_per_step: int = 0
+    distinct_per_step: Optional[int] = None
+    sharding: Optional[str] = None
+    rank: Optional[int] = None
+
+    @property
+    def bytes_per_row(self) -> int:
+        return self.row_bytes or 3 * 4 * self.dim + 16
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The machine as the planner sees it (bench/planner.py measures this VM's)."""
+    bytes_per_second: float = 1.0e9
+    seconds_per_exchange: float = 10e-6
+    seconds_per_float: float = 1.0e-9
+    seconds_per_key: float = 50e-9  # a distinct key's index work on the rank that holds it
+
+
+def _distinct(rows: int, draws: float) -> int:
+    """Expected distinct values among `draws` uniform draws from `rows`."""
+    if rows <= 0 or draws <= 0:
+        return 0
+    return max(1, min(rows, int(round(rows * -math.expm1(-draws / rows)))))
+
+
+def table_cost(shape: TableShape, placement: Placement, world_size: int, model: CostModel = CostModel()) -> TableCost:
+    """What `shape` costs each rank per step under `placement` (the module's docstring)."""
+    w = world_size
+    n = shape.ids_per_step or shape.rows
+    u = shape.distinct_per_step if shape.distinct_per_step is not None else _distinct(shape.rows, n)
+    u_all = _distinct(shape.rows, w * n) if shape.distinct_per_step is None else min(shape.rows, w * u)
+    row = 4 * shape.dim
+    memory = [placement.rows_on(r, w, shape.rows) * shape.bytes_per_row for r in range(w)]
+    if w == 1:
+        sent, work, exchanges = [0], [u], 0
+    elif placement.kind == ROW_WISE:
+        share = (w - 1) / w * u
+        sent, work, exchanges = [int(share * (KEY_BYTES + 2 * row))] * w, [u] * w, 2
+    elif placement.kind == TABLE_WISE:
+        sent = [(w - 1) * u * row if r == placement.rank else u * (KEY_BYTES + row) for r in range(w)]
+        work, exchanges = [u_all if r == placement.rank else 0 for r in range(w)], 2
+    else:
+        sent, work, exchanges = [(w - 1) * u * (KEY_BYTES + row)] * w, [u_all] * w, 1
+    seconds = [sent[r] / model.bytes_per_second + exchanges * model.seconds_per_exchange
+               + work[r] * (shape.dim * model.seconds_per_float + model.seconds_per_key) for r in range(w)]
+    return TableCost(shape.rows, shape.dim, shape.bytes_per_row, n, u, tuple(memory), tuple(int(s) for s in sent),
+                     tuple(seconds), exchanges)
+
+
+def _candidates(shape: TableShape, world_size: int) -> List[Placement]:
+    if shape.sharding is not None:
+        given = Placement.checked(shape.name, shape.sharding, shape.rank, world_size)
+        if given.kind == TABLE_WISE and given.rank is None:
+            return [Placement(TABLE_WISE, r) for r in range(world_size)]
+        return [given]
+    if world_size == 1:
+        return [Placement(ROW_WISE)]
+    return [Placement(ROW_WISE), Placement(REPLICATED)] + [Placement(TABLE_WISE, r) for r in range(world_size)]
+
+
+class Loads:
+    """Each rank's estimated seconds and memory so far, as the planner fills them table by table."""
+
+    def __init__(self, world_size: int, budget: Union[None, int, Sequence[int]]):
+        self.world_size = world_size
+        self.seconds = np.zeros(world_size)
+        self.memory = np.zeros(world_size, dtype=np.int64)
+        if budget is None:
+            self.budget = None
+        else:
+            given = [budget] * world_size if isinstance(budget, (int, np.integer)) else list(budget)
+            if len(given) != world_size or any(b <= 0 for b in given):
+                raise PlanError(f"memory budget {budget!r}: give one positive number of bytes, or one per rank "
+                                f"({world_size} ranks)")
+            self.budget = np.asarray(given, dtype=np.int64)
+
+    def place(self, shape: TableShape, model: CostModel, chosen_by: str = "planner") -> TablePlan:
+        """The candidate placement of `shape` that leaves the most loaded rank least loaded (ties: the
+        least total cost, then the first candidate), within every rank's memory budget."""
+        best: Optional[Tuple[Tuple[float, float, int], Placement, TableCost]] = None
+        tried = []
+        for i, placement in enumerate(_candidates(shape, self.world_size)):
+            cost = table_cost(shape, placement, self.world_size, model)
+            memory = self.memory + np.asarray(cost.memory, dtype=np.int64)
+            tried.append((placement, cost))
+            if self.budget is not None and bool(np.any(memory > self.budget)):
+                continue
+            seconds = self.seconds + np.asarray(cost.seconds)
+            key = (round(float(seconds.max()), 12), round(float(sum(cost.seconds)), 12), i)
+            if best is None or key < best[0]:
+                best = (key, placement, cost)
+        if best is None:
+            raise PlanError(self._fits_nowhere(shape, tried))
+        _, placement, cost = best
+        self.seconds += np.asarray(cost.seconds)
+        self.memory += np.asarray(cost.memory, dtype=np.int64)
+        return TablePlan(placement, cost, chosen_by if shape.sharding is None else "user")
+
+    def _fits_nowhere(self, shape: TableShape, tried) -> str:
+        assert self.budget is not None
+        needs = "; ".join(f"{p.describe()}: {max(c.memory)} bytes on its fullest rank" for p, c in tried)
+        free = [int(b - m) for b, m in zip(self.budget, self.memory)]
+        return (f"table {shape.name!r} ({shape.rows} rows of {shape.bytes_per_row} bytes) fits in no rank's memory "
+                f"budget under any placement allowed ({needs}); the budgets are {[int(b) for b in self.budget]} "
+                f"bytes per rank, of which {free} are still free after the tables placed before it. Raise the "
+                "budget, add ranks, or shrink the table")
+
+
+def plan_sharding(tables: Sequence[TableShape], world_size: int, memory_budget: Union[None, int, Sequence[int]] = None,
+                  model: CostModel = CostModel()) -> ShardingPlan:
+    """A plan for `tables` on `world_size` ranks: tables in order of their row-wise cost, largest
+    first (then by name), each placed where the most loaded rank stays least loaded. Deterministic:
+    every rank that plans the same tables gets the same plan."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise PlanError(f"plan_sharding: world_size {world_size!r} is not a number of ranks; allowed: an int >= 1")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise PlanError(f"plan_sharding: table names repeat: {sorted({n for n in names if names.count(n) > 1})}")
+    for t in tables:
+        _check_shape(t)
+
+    def weight(t: TableShape) -> Tuple[float, str]:
+        return (-sum(table_cost(t, Placement(ROW_WISE), world_size, model).seconds), t.name)
+
+    loads = Loads(world_size, memory_budget)
+    placed: Dict[str, TablePlan] = {}
+    for shape in sorted(tables, key=weight):
+        placed[shape.name] = loads.place(shape, model)
+    return ShardingPlan(world_size, placed)
+
+
+def _check_shape(t: TableShape) -> None:
+    for field_name in ("rows", "dim"):
+        value = getattr(t, field_name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"table {t.name!r}: {field_name} {value!r}; allowed: an int >= 1")
+    if isinstance(t.ids_per_step, bool) or not isinstance(t.ids_per_step, int) or t.ids_per_step < 0:
+        raise PlanError(f"table {t.name!r}: ids_per_step {t.ids_per_step!r}; allowed: an int >= 0 (0: unknown)")
+
+
+def timed_plan(tables: Sequence[TableShape], world_size: int, **kwargs) -> Tuple[ShardingPlan, float]:
+    """(plan, seconds the planner took): bench/planner.py and the guide's figures."""
+    t0 = time.perf_counter()
+    plan = plan_sharding(tables, world_size, **kwargs)
+    return plan, time.perf_counter() - t0

@@ -1,0 +1,135 @@
+"""Three tables, one per placement, trained over fixed global batches (each rank its slice of each),
+so that any placement and rank count must reproduce plain TensorFlow on the global batches
+(tests/test_sharding.py). Optionally saves at the end, or restores instead of training.
+
+    mpiexec -np N python placement_oracle.py OUT TAG [--sharding a=row_wise,b=table_wise:1,c=replicated]
+        [--plan auto|PATH] [--opt sgd|lazy_adam] [--admission] [--expansion] [--save PREFIX] [--restore PATH]
+        [--value-dtype bfloat16|float16] [--last-rank-sharding ...]
+
+--sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
+the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
+row-wise. Writes OUT/TAG-rank<r>-of<N>.npz: per table its keys and rows, the dense weights, the
+steps run, and the sharding plan's text on rank 0 (plan.txt).
+"""
+import argparse
+import os
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from mx_rec.optimizers import gradient_descent, lazy_adam
+from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
+                                   get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline,
+                                   terminate_config_initializer)
+
+GLOBAL_BATCH, STEPS, FIELDS, DIM, DENSE = 12, 30, 3, 4, 4
+TABLES = ("a", "b", "c")
+LEARNING_RATES = {"sgd": 0.1, "lazy_adam": 0.02}
+
+
+def global_data():
+    rng = np.random.default_rng(21)
+    out = {}
+    for i, name in enumerate(TABLES):
+        pool = np.concatenate([rng.integers(-(2**40), 2**40, size=30), np.arange(-5, 5) * (i + 1)])
+        ids = pool[np.minimum(rng.geometric(0.08, size=(STEPS * GLOBAL_BATCH, FIELDS)) - 1, len(pool) - 1)]
+        out[name] = ids.astype(np.int64)
+    out["x"] = rng.normal(size=(STEPS * GLOBAL_BATCH, DENSE)).astype(np.float32)
+    out["y"] = rng.normal(size=STEPS * GLOBAL_BATCH).astype(np.float32)
+    return out
+
+
+def my_slice(data, rank, size):
+    local = GLOBAL_BATCH // size
+    rows = np.concatenate([np.arange(s * GLOBAL_BATCH + rank * local, s * GLOBAL_BATCH + (rank + 1) * local)
+                           for s in range(STEPS)])
+    return {k: v[rows] for k, v in data.items()}, local
+
+
+def shardings(text, size):
+    """{table: (sharding, rank)} from "a=row_wise,b=table_wise:1"."""
+    if text is None:
+        return {"a": ("row_wise", None), "b": ("table_wise", size - 1), "c": ("replicated", None)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, kind = item.split("=")
+        kind, _, rank = kind.partition(":")
+        out[name] = (kind, int(rank) if rank else None)
+    return out
+
+
+def model(batch, tables, specs, embs=None):
+    """(loss, w); `embs`: the tables' rows for the batch ([batch, FIELDS, DIM] each) when not looked up."""
+    if embs is None:
+        embs = [sparse_lookup(t, s, batch=batch) for t, s in zip(tables, specs)]
+    embs = [tf.reshape(e, [-1, FIELDS * DIM]) for e in embs]
+    w = tf.compat.v1.get_variable("w", [len(embs) * FIELDS * DIM + DENSE, 1],
+                                  initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
+    pred = tf.squeeze(tf.matmul(tf.concat(embs + [batch["x"]], 1), w), 1)
+    return tf.reduce_mean(tf.square(pred - batch["y"])), w
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("tag")
+    p.add_argument("--sharding")
+    p.add_argument("--last-rank-sharding", help="--sharding of the last rank alone (ranks that disagree)")
+    p.add_argument("--plan")
+    p.add_argument("--opt", default="sgd", choices=sorted(LEARNING_RATES))
+    p.add_argument("--admission", action="store_true")
+    p.add_argument("--expansion", action="store_true")
+    p.add_argument("--save")
+    p.add_argument("--restore")
+    p.add_argument("--value-dtype", default="float32", help="the tables' value_dtype (stochastic rounding)")
+    args = p.parse_args()
+    tf.compat.v1.disable_eager_execution()
+    init(use_dynamic_expansion=args.expansion, sharding_plan=args.plan)
+    rank, size = get_rank_id(), get_rank_size()
+    data, local = my_slice(global_data(), rank, size)
+    threshold = 2 if args.admission else None
+    specs = [FeatureSpec(name, table_name=name, access_threshold=threshold) for name in TABLES]
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(local, drop_remainder=True)
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset.map(get_asc_insert_func(specs, is_training=True)))
+    batch = iterator.get_next()
+    given = shardings(args.last_rank_sharding if args.last_rank_sharding and rank == size - 1 else args.sharding, size)
+    tables = [create_table(tf.int64, DIM, name, tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=120,
+                           all2all_gradients_op="sum_gradients_and_div_by_ranksize", value_dtype=args.value_dtype,
+                           sharding=given.get(name, (None, None))[0], sharding_rank=given.get(name, (None, None))[1])
+              for name in TABLES]
+    loss, w = model(batch, tables, specs)
+    dense, sparse = get_dense_and_sparse_variable()
+    make = lazy_adam.create_hash_optimizer if args.opt == "lazy_adam" else gradient_descent.create_hash_optimizer
+    train_op = tf.group(
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(loss, var_list=dense),
+        make(LEARNING_RATES[args.opt]).apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    saver = tf.compat.v1.train.Saver()
+    start_asc_pipeline()
+    steps = 0
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(hvd.broadcast_variables(dense, root_rank=0))
+        if args.restore:
+            saver.restore(sess, args.restore)
+        else:
+            sess.run(iterator.initializer)
+            while True:
+                try:
+                    sess.run(train_op)
+                    steps += 1
+                except tf.errors.OutOfRangeError:
+                    break
+        if args.save:
+            saver.save(sess, args.save, global_step=steps)
+        out = {"w": sess.run(w), "steps": steps}
+        for table in tables:
+            out.update({f"{table.table_name}.{column}": np.asarray(rows, np.float32) if column != "keys" else rows
+                        for column, rows in table.export(sess).items()})
+            out[f"{table.table_name}.placement"] = table.placement.describe()
+    np.savez(os.path.join(args.out, f"{args.tag}-rank{rank}-of{size}.npz"), **out)
+    terminate_config_initializer()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Placements (row-wise, table-wise, replicated) under real mpiexec against plain TensorFlow on the
+global batches; a checkpoint saved under one plan restored exactly under another plan and rank
+count; the plan in shardrec-ckpt inspect."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpi_helpers import JOBS, check, mpiexec
+
+sys.path.insert(0, JOBS)
+import placement_oracle as job  # noqa: E402
+
+pytestmark = pytest.mark.quick
+
+ALL_ROW_WISE = "a=row_wise,b=row_wise,c=row_wise"
+
+
+def run(tmp, n, tag, *args):
+    check(mpiexec(n, "placement_oracle.py", tmp, tag, *args, timeout=240))
+    return [dict(np.load(os.path.join(tmp, f"{tag}-rank{r}-of{n}.npz"))) for r in range(n)]
+
+
+def held(parts, table, column="values"):
+    """{key: row of `column`} over every rank; a replicated table's rows must be the same on every rank."""
+    out = {}
+    for part in parts:
+        for key, row in zip(part[f"{table}.keys"].tolist(), part[f"{table}.{column}"]):
+            if key in out:
+                assert str(part[f"{table}.placement"]) == "replicated", f"{table}: key {key} on two ranks"
+                np.testing.assert_array_equal(out[key], row, err_msg=f"{table}: replicas of key {key} differ")
+            out[key] = row
+    return out
+
+
+def plain_tensorflow(opt):
+    """The job's model on the global batches in one process: a dense tf.Variable per table, one row
+    per key, TensorFlow's gradients; SGD by TensorFlow, lazy Adam in numpy (only touched rows and
+    their moments move)."""
+    data = job.global_data()
+    keys = {t: np.unique(data[t]) for t in job.TABLES}
+    lr = job.LEARNING_RATES[opt]
+    with tf.Graph().as_default():
+        tables = [tf.compat.v1.Variable(np.full([len(keys[t]), job.DIM], 0.1, np.float32), use_resource=True)
+                  for t in job.TABLES]
+        idx = [tf.compat.v1.placeholder(tf.int32, [job.GLOBAL_BATCH, job.FIELDS]) for _ in job.TABLES]
+        x = tf.compat.v1.placeholder(tf.float32, [job.GLOBAL_BATCH, job.DENSE])
+        y = tf.compat.v1.placeholder(tf.float32, [job.GLOBAL_BATCH])
+        loss, w = job.model({"x": x, "y": y}, None, None, embs=[tf.gather(v, i) for v, i in zip(tables, idx)])
+        grads = tf.gradients(loss, tables)
+        dense = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(loss, var_list=[w])
+        sparse = tf.compat.v1.train.GradientDescentOptimizer(lr).apply_gradients(zip(grads, tables))
+        dense_grads = [tf.convert_to_tensor(g) for g in grads]
+        moments = {t: (np.zeros([len(keys[t]), job.DIM]), np.zeros([len(keys[t]), job.DIM])) for t in job.TABLES}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(job.STEPS):
+                rows = slice(step * job.GLOBAL_BATCH, (step + 1) * job.GLOBAL_BATCH)
+                feed = {x: data["x"][rows], y: data["y"][rows]}
+                feed.update({i: np.searchsorted(keys[t], data[t][rows]) for i, t in zip(idx, job.TABLES)})
+                if opt == "sgd":
+                    sess.run([dense, sparse], feed)
+                    continue
+                values = sess.run(dense_grads + tables, feed)
+                sess.run(dense, feed)
+                for i, t in enumerate(job.TABLES):
+                    g, v = values[i], values[len(job.TABLES) + i]
+                    touched = np.unique(feed[idx[i]])
+                    m, s = moments[t]
+                    m[touched] = 0.9 * m[touched] + 0.1 * g[touched]
+                    s[touched] = 0.999 * s[touched] + 0.001 * g[touched] ** 2
+                    n = step + 1
+                    v[touched] -= lr * np.sqrt(1 - 0.999**n) / (1 - 0.9**n) * m[touched] / (np.sqrt(s[touched]) + 1e-8)
+                    tables[i].load(v, sess)
+            return {t: dict(zip(keys[t].tolist(), v)) for t, v in zip(job.TABLES, sess.run(tables))}, sess.run(w)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "lazy_adam"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_placement_trains_as_plain_tensorflow(tmp_path, n, opt):
+    parts = run(tmp_path, n, "t", "--opt", opt)
+    reference, w = plain_tensorflow(opt)
+    for part in parts:
+        assert int(part["steps"]) == job.STEPS
+        np.testing.assert_allclose(part["w"], w, atol=1e-5, rtol=0)
+    for table in job.TABLES:
+        rows = held(parts, table)
+        assert rows.keys() == reference[table].keys(), table
+        assert max(np.abs(r - 0.1).max() for r in rows.values()) > 0.01, "training moved the rows"
+        for key, row in reference[table].items():
+            np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{table} key {key}")
+    # Where each table's keys live: b on the last rank alone, c on every rank, a by key mod n.
+    for rank, part in enumerate(parts):
+        assert (len(part["b.keys"]) > 0) == (rank == n - 1)
+        assert sorted(part["c.keys"].tolist()) == sorted(reference["c"])
+        assert all(k % n == rank for k in part["a.keys"].tolist())
+
+
+def test_the_planners_plan_is_printed_and_trains_as_plain_tensorflow(tmp_path):
+    """init(sharding_plan="auto"), no table placed by create_table: rank 0 prints the planner's plan
+    (these small tables replicated on 2 ranks) and the model still follows plain TensorFlow."""
+    proc = check(mpiexec(2, "placement_oracle.py", tmp_path, "auto", "--sharding", "", "--plan", "auto",
+                         timeout=240))
+    plan = proc.stderr[proc.stderr.index("sharding plan for 2 rank(s), 3 table(s)"):]
+    for table in job.TABLES:
+        assert re.search(rf"\n{table} +replicated +0,1 +120 +4 +18 .* planner", plan), plan[:2000]
+    assert "imbalance (most loaded rank's estimate / mean)" in plan
+    parts = [dict(np.load(os.path.join(tmp_path, f"auto-rank{r}-of2.npz"))) for r in range(2)]
+    reference, _ = plain_tensorflow("sgd")
+    for table in job.TABLES:
+        rows = held(parts, table)
+        for key, row in reference[table].items():
+            np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{table} key {key}")
+
+
+def test_ranks_that_place_a_table_differently_stop_at_the_first_batch_naming_it(tmp_path):
+    """The last rank replicates table c where the others spread it: every rank stops in the first
+    key round with the difference named, none trains on a table its peers hold otherwise."""
+    proc = mpiexec(2, "placement_oracle.py", tmp_path, "differ", "--sharding", ALL_ROW_WISE,
+                   "--last-rank-sharding", "a=row_wise,b=row_wise,c=replicated", timeout=240)
+    assert proc.returncode != 0
+    assert re.search(r"the ranks' features on key exchange 'train' differ at entry 3: rank 0 has feature 'c' "
+                     r"\(table 'c', .*row_wise\), rank 1 has feature 'c' \(table 'c', .*replicated\)", proc.stderr), \
+        proc.stderr[-3000:]
+    assert not os.listdir(tmp_path)
+
+
+def test_replicas_of_16_bit_rows_round_alike(tmp_path):
+    """bfloat16 values with stochastic rounding: every replica draws the same roundings (the rows
+    stay bitwise equal across ranks, held() checks) and the model still follows plain TensorFlow."""
+    parts = run(tmp_path, 2, "bf16", "--value-dtype", "bfloat16")
+    reference, _ = plain_tensorflow("sgd")
+    for table in job.TABLES:
+        rows = held(parts, table)
+        assert rows.keys() == reference[table].keys()
+        for key, row in reference[table].items():
+            np.testing.assert_allclose(rows[key], row, atol=2e-2, rtol=0, err_msg=f"{table} key {key}")
+
+
+@pytest.mark.parametrize("feature", ["--admission", "--expansion"])
+def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_path, feature):
+    one = run(tmp_path, 1, "ref", "--sharding", ALL_ROW_WISE, "--opt", "lazy_adam", feature)
+    for n in (2, 3):
+        parts = run(tmp_path, n, f"placed{n}", "--opt", "lazy_adam", feature)
+        for table in job.TABLES:
+            expected, rows = held(one, table), held(parts, table)
+            assert rows.keys() == expected.keys(), (n, table)
+            for key, row in expected.items():
+                np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{n} ranks {table} key {key}")
+
+
+def test_saved_under_a_plan_restores_exactly_under_other_plans_and_rank_counts(tmp_path):
+    """Saved on 2 ranks with a table of each placement; restored all row-wise on 3 ranks and on 1,
+    and with the placements swapped on 2: every table's rows (values and lazy Adam's slots) exact;
+    shardrec-ckpt inspect shows the plan the save was made under."""
+    prefix = tmp_path / "ckpt" / "model"
+    saved = run(tmp_path, 2, "saved", "--opt", "lazy_adam", "--save", prefix)
+    path = f"{prefix}-{job.STEPS}"
+    for n, sharding in ((3, ALL_ROW_WISE), (1, ALL_ROW_WISE), (2, "a=replicated,b=row_wise,c=table_wise:0")):
+        parts = run(tmp_path, n, f"restored{n}", "--sharding", sharding, "--opt", "lazy_adam", "--restore", path)
+        for table in job.TABLES:
+            for column in ("values", "LazyAdam.m", "LazyAdam.v"):
+                expected, rows = held(saved, table, column), held(parts, table, column)
+                assert rows.keys() == expected.keys(), (n, table)
+                for key, row in expected.items():
+                    np.testing.assert_array_equal(rows[key], row, err_msg=f"{n} ranks {table}.{column} key {key}")
+    cli = subprocess.run([os.path.join(os.path.dirname(sys.executable), "shardrec-ckpt"), "inspect",
+                          str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "table b: dim 4, slots ['LazyAdam.m', 'LazyAdam.v'], table_wise on rank 1, rows" in cli.stdout, cli.stdout
+    assert "table c: dim 4, slots ['LazyAdam.m', 'LazyAdam.v'], replicated, rows" in cli.stdout
+    assert "the sharding plan it was saved under:" in cli.stdout and "imbalance" in cli.stdout
+
+
+# ---- bad input, the planner, on one rank in this process
+
+from shardrec.rank_runtime import CostModel, ShardingPlan, TableShape, plan_sharding  # noqa: E402
+from shardrec.rank_runtime import create_table, get_asc_insert_func, start_asc_pipeline  # noqa: E402
+from shardrec.rank_runtime.formats.sharding_plan import PlanError  # noqa: E402
+from shardrec.rank_runtime.process import lifecycle  # noqa: E402
+
+# Criteo Kaggle's 26 categorical cardinalities, as the DLRM papers and TorchRec's examples cite them.
+CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306, 10,
+          5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+
+
+def make_table(name="t", **over):
+    kw = dict(key_dtype=tf.int64, dim=4, name=name, emb_initializer=tf.compat.v1.zeros_initializer(),
+              device_vocabulary_size=10)
+    kw.update(over)
+    return create_table(**kw)
+
+
+@pytest.mark.parametrize("over,pattern", [
+    ({"sharding": "diagonal"}, r"table 't': unknown sharding 'diagonal'; allowed: 'row_wise', 'table_wise', "
+                               r"'replicated'"),
+    ({"sharding": "column_wise"}, r"table 't': sharding='column_wise' .* not available yet; allowed: 'row_wise'"),
+    ({"sharding": "table_wise", "sharding_rank": 1}, r"table 't': table-wise rank 1 is outside the world of 1 "
+                                                     r"ranks; allowed: an int in \[0, 0\]"),
+    ({"sharding": "table_wise", "sharding_rank": -1}, r"table-wise rank -1 is outside the world"),
+    ({"sharding": "replicated", "sharding_rank": 0}, r"a rank \(0\) is given for sharding='replicated'"),
+    ({"sharding_rank": 0}, r"sharding_rank=0 places a table-wise table; give sharding='table_wise'"),
+    ({"sharding": "replicated", "host_vocabulary_size": 10, "ssd_vocabulary_size": 10},
+     r"table 't': a replicated table has no SSD tier"),
+    ({"sharding": "replicated", "emb_initializer": tf.compat.v1.glorot_uniform_initializer()},
+     r"for a replicated table .* knows these emb_initializers"),
+])
+def test_a_bad_placement_is_refused_naming_the_table(runtime, over, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make_table(**over)
+        # The initializer is drawn when the variable's initial value is built: at create_table.
+
+
+def write_plan(path, tables):
+    path.write_text(__import__("json").dumps({"world_size": 1, "tables": tables}))
+    return str(path)
+
+
+def test_a_plan_file_must_name_exactly_the_jobs_tables(graph, tmp_path):
+    lifecycle.init(sharding_plan=write_plan(tmp_path / "p.json", {"t": {"sharding": "replicated"},
+                                                                  "ghost": {"sharding": "row_wise"}}))
+    table = make_table()
+    assert table.placement.describe() == "replicated"
+    with pytest.raises(ValueError, match=r"table 'u': the sharding plan does not place it; it places \['ghost', 't'\]"):
+        make_table("u")
+    spec = __import__("pipeline_helpers").FeatureSpec("f", table_name="t")
+    dataset = tf.data.Dataset.from_tensor_slices({"f": np.zeros([4, 1], np.int64)}).batch(2)
+    dataset.map(get_asc_insert_func([spec], is_training=True))
+    with pytest.raises(ValueError, match=r"the sharding plan names table\(s\) \['ghost'\] that the job does not "
+                                         r"create; the job's tables: \['t'\]"):
+        start_asc_pipeline()
+
+
+@pytest.mark.parametrize("plan,pattern", [
+    ({"t": {"sharding": "table_wise", "rank": 3}}, r"p.json.*|table 't': table-wise rank 3 is outside the world of 1"),
+    ({"t": {"placement": "row_wise"}}, r"p.json: table 't' has no 'sharding'"),
+    ({"t": {"sharding": "sideways"}}, r"table 't': unknown sharding 'sideways'"),
+])
+def test_a_damaged_plan_file_is_refused_at_init(graph, tmp_path, plan, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        lifecycle.init(sharding_plan=write_plan(tmp_path / "p.json", plan))
+
+
+def test_a_plan_file_that_is_missing_or_not_json_is_refused(graph, tmp_path):
+    with pytest.raises(ValueError, match=r"sharding plan '.*nope.json' does not exist"):
+        lifecycle.init(sharding_plan=str(tmp_path / "nope.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad.json' cannot be read as JSON"):
+        lifecycle.init(sharding_plan=str(tmp_path / "bad.json"))
+
+
+def test_the_planner_replicates_small_tables_spreads_large_ones_and_is_deterministic():
+    shapes = [TableShape(f"c{i}", rows, 16, ids_per_step=2048) for i, rows in enumerate(CRITEO)]
+    plan = plan_sharding(shapes, 2)
+    assert plan_sharding(list(reversed(shapes)), 2).to_json() == plan.to_json()
+    kinds = {t.name: plan.placement(t.name).kind for t in shapes}
+    assert {n for n, k in kinds.items() if k == "replicated"} >= {f"c{i}" for i, r in enumerate(CRITEO) if r < 100}
+    assert all(kinds[f"c{i}"] == "row_wise" for i, r in enumerate(CRITEO) if r > 100_000)
+    text = plan.render()
+    assert "sharding plan for 2 rank(s), 26 table(s)" in text and "imbalance" in text
+    assert ShardingPlan.from_json(plan.to_json(), "round trip").to_json() == plan.to_json()
+
+
+def test_the_planner_places_1000_tables_in_under_a_second():
+    rng = np.random.default_rng(0)
+    shapes = [TableShape(f"t{i}", int(r), int(d), ids_per_step=4096)
+              for i, (r, d) in enumerate(zip(rng.integers(2, 10**7, 1000), rng.choice([8, 16, 64, 128], 1000)))]
+    import time
+
+    t0 = time.process_time()
+    plan = plan_sharding(shapes, 8)
+    assert time.process_time() - t0 < 1.0
+    assert len(plan.tables) == 1000
+
+
+def test_a_table_that_fits_nowhere_names_its_bytes_and_the_budgets():
+    shapes = [TableShape("small", 100, 8), TableShape("huge", 10**6, 8, sharding="replicated")]
+    with pytest.raises(PlanError, match=r"table 'huge' \(1000000 rows of 112 bytes\) fits in no rank's memory budget "
+                                        r"under any placement allowed \(replicated: 112000000 bytes on its fullest "
+                                        r"rank\); the budgets are \[50000000, 50000000\] bytes per rank"):
+        plan_sharding(shapes, 2, memory_budget=50_000_000, model=CostModel())
