@@ -60,7 +60,7 @@ def test_ranks_whose_tables_differ_stop_naming_the_first_difference():
     assert results(proc) == {"0": "ok=0 errors=5 first_error_batch=0", "1": "ok=0 errors=5 first_error_batch=0"}
     for message in errors(proc).values():
         assert ("differ at entry 2: rank 0 has feature 'b' (table 'tb', dim 4, key dtype int64, send_count dynamic, "
-                "no admission), rank 1 has feature 'b' (table 'tb', dim 8,") in message
+                "no admission, row_wise), rank 1 has feature 'b' (table 'tb', dim 8,") in message
 
 
 # Each job below would hang for ever without what it tests: mpiexec's timeout bounds it, and the

@@ -20,9 +20,14 @@ pytestmark = pytest.mark.quick
 ALL_ROW_WISE = "a=row_wise,b=row_wise,c=row_wise"
 
 
-def run(tmp, n, tag, *args):
-    check(mpiexec(n, "placement_oracle.py", tmp, tag, *args, timeout=240))
-    return [dict(np.load(os.path.join(tmp, f"{tag}-rank{r}-of{n}.npz"))) for r in range(n)]
+def run(tmp, n, tag, *args, opts=("sgd",), modes=("plain",)):
+    """{(optimizer, mode): every rank's dump} of one job that trains each in turn; a single pair's
+    dump alone when one of each is asked for."""
+    check(mpiexec(n, "placement_oracle.py", tmp, tag, "--opt", ",".join(opts), "--modes", ",".join(modes), *args,
+                  timeout=300))
+    out = {(o, m): [dict(np.load(os.path.join(tmp, f"{tag}-{o}-{m}-rank{r}-of{n}.npz"))) for r in range(n)]
+           for o in opts for m in modes}
+    return out[opts[0], modes[0]] if len(out) == 1 else out
 
 
 def held(parts, table, column="values"):
@@ -79,10 +84,14 @@ def plain_tensorflow(opt):
             return {t: dict(zip(keys[t].tolist(), v)) for t, v in zip(job.TABLES, sess.run(tables))}, sess.run(w)
 
 
-@pytest.mark.parametrize("opt", ["sgd", "lazy_adam"])
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_every_placement_trains_as_plain_tensorflow(tmp_path, n, opt):
-    parts = run(tmp_path, n, "t", "--opt", opt)
+def test_every_placement_trains_as_plain_tensorflow(tmp_path, n):
+    runs = run(tmp_path, n, "t", opts=("sgd", "lazy_adam"))
+    for opt in ("sgd", "lazy_adam"):
+        check_against_plain_tensorflow(runs[opt, "plain"], n, opt)
+
+
+def check_against_plain_tensorflow(parts, n, opt):
     reference, w = plain_tensorflow(opt)
     for part in parts:
         assert int(part["steps"]) == job.STEPS
@@ -109,7 +118,7 @@ def test_the_planners_plan_is_printed_and_trains_as_plain_tensorflow(tmp_path):
     for table in job.TABLES:
         assert re.search(rf"\n{table} +replicated +0,1 +120 +4 +18 .* planner", plan), plan[:2000]
     assert "imbalance (most loaded rank's estimate / mean)" in plan
-    parts = [dict(np.load(os.path.join(tmp_path, f"auto-rank{r}-of2.npz"))) for r in range(2)]
+    parts = [dict(np.load(os.path.join(tmp_path, f"auto-sgd-plain-rank{r}-of2.npz"))) for r in range(2)]
     reference, _ = plain_tensorflow("sgd")
     for table in job.TABLES:
         rows = held(parts, table)
@@ -141,16 +150,18 @@ def test_replicas_of_16_bit_rows_round_alike(tmp_path):
             np.testing.assert_allclose(rows[key], row, atol=2e-2, rtol=0, err_msg=f"{table} key {key}")
 
 
-@pytest.mark.parametrize("feature", ["--admission", "--expansion"])
-def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_path, feature):
-    one = run(tmp_path, 1, "ref", "--sharding", ALL_ROW_WISE, "--opt", "lazy_adam", feature)
+def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_path):
+    modes = ("admission", "expansion")
+    one = run(tmp_path, 1, "ref", "--sharding", ALL_ROW_WISE, opts=("lazy_adam",), modes=modes)
     for n in (2, 3):
-        parts = run(tmp_path, n, f"placed{n}", "--opt", "lazy_adam", feature)
-        for table in job.TABLES:
-            expected, rows = held(one, table), held(parts, table)
-            assert rows.keys() == expected.keys(), (n, table)
-            for key, row in expected.items():
-                np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{n} ranks {table} key {key}")
+        placed = run(tmp_path, n, f"placed{n}", opts=("lazy_adam",), modes=modes)
+        for mode in modes:
+            for table in job.TABLES:
+                expected, rows = held(one["lazy_adam", mode], table), held(placed["lazy_adam", mode], table)
+                assert rows.keys() == expected.keys(), (n, mode, table)
+                for key, row in expected.items():
+                    np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0,
+                                               err_msg=f"{n} ranks, {mode}: {table} key {key}")
 
 
 def test_saved_under_a_plan_restores_exactly_under_other_plans_and_rank_counts(tmp_path):
@@ -158,10 +169,10 @@ def test_saved_under_a_plan_restores_exactly_under_other_plans_and_rank_counts(t
     and with the placements swapped on 2: every table's rows (values and lazy Adam's slots) exact;
     shardrec-ckpt inspect shows the plan the save was made under."""
     prefix = tmp_path / "ckpt" / "model"
-    saved = run(tmp_path, 2, "saved", "--opt", "lazy_adam", "--save", prefix)
+    saved = run(tmp_path, 2, "saved", "--save", prefix, opts=("lazy_adam",))
     path = f"{prefix}-{job.STEPS}"
     for n, sharding in ((3, ALL_ROW_WISE), (1, ALL_ROW_WISE), (2, "a=replicated,b=row_wise,c=table_wise:0")):
-        parts = run(tmp_path, n, f"restored{n}", "--sharding", sharding, "--opt", "lazy_adam", "--restore", path)
+        parts = run(tmp_path, n, f"restored{n}", "--sharding", sharding, "--restore", path, opts=("lazy_adam",))
         for table in job.TABLES:
             for column in ("values", "LazyAdam.m", "LazyAdam.v"):
                 expected, rows = held(saved, table, column), held(parts, table, column)

@@ -3,13 +3,13 @@ so that any placement and rank count must reproduce plain TensorFlow on the glob
 (tests/test_sharding.py). Optionally saves at the end, or restores instead of training.
 
     mpiexec -np N python placement_oracle.py OUT TAG [--sharding a=row_wise,b=table_wise:1,c=replicated]
-        [--plan auto|PATH] [--opt sgd|lazy_adam] [--admission] [--expansion] [--save PREFIX] [--restore PATH]
+        [--plan auto|PATH] [--opt sgd[,lazy_adam]] [--modes plain[,admission,expansion]] [--save PREFIX] [--restore PATH]
         [--value-dtype bfloat16|float16] [--last-rank-sharding ...]
 
 --sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
 the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
-row-wise. Writes OUT/TAG-rank<r>-of<N>.npz: per table its keys and rows, the dense weights, the
-steps run, and the sharding plan's text on rank 0 (plan.txt).
+row-wise. Writes OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one
+process): per table its keys and every column of its rows, the dense weights, the steps run.
 """
 import argparse
 import os
@@ -71,24 +71,35 @@ def model(batch, tables, specs, embs=None):
 
 
 def main():
+    """Each --opt and each --mode in turn, in this one process (one start of MPI and TensorFlow)."""
+    args = parse()
+    tf.compat.v1.disable_eager_execution()
+    for mode in args.modes.split(","):
+        for opt in args.opt.split(","):
+            tf.compat.v1.reset_default_graph()
+            train(args, opt, mode, f"{args.tag}-{opt}-{mode}")
+
+
+def parse():
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("tag")
     p.add_argument("--sharding")
     p.add_argument("--last-rank-sharding", help="--sharding of the last rank alone (ranks that disagree)")
     p.add_argument("--plan")
-    p.add_argument("--opt", default="sgd", choices=sorted(LEARNING_RATES))
-    p.add_argument("--admission", action="store_true")
-    p.add_argument("--expansion", action="store_true")
+    p.add_argument("--opt", default="sgd", help="sgd, lazy_adam or both (sgd,lazy_adam)")
+    p.add_argument("--modes", default="plain", help="plain, admission, expansion, or several (plain,admission)")
     p.add_argument("--save")
     p.add_argument("--restore")
     p.add_argument("--value-dtype", default="float32", help="the tables' value_dtype (stochastic rounding)")
-    args = p.parse_args()
-    tf.compat.v1.disable_eager_execution()
-    init(use_dynamic_expansion=args.expansion, sharding_plan=args.plan)
+    return p.parse_args()
+
+
+def train(args, opt, mode, tag):
+    init(use_dynamic_expansion=mode == "expansion", sharding_plan=args.plan)
     rank, size = get_rank_id(), get_rank_size()
     data, local = my_slice(global_data(), rank, size)
-    threshold = 2 if args.admission else None
+    threshold = 2 if mode == "admission" else None
     specs = [FeatureSpec(name, table_name=name, access_threshold=threshold) for name in TABLES]
     dataset = tf.data.Dataset.from_tensor_slices(data).batch(local, drop_remainder=True)
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.map(get_asc_insert_func(specs, is_training=True)))
@@ -100,10 +111,10 @@ def main():
               for name in TABLES]
     loss, w = model(batch, tables, specs)
     dense, sparse = get_dense_and_sparse_variable()
-    make = lazy_adam.create_hash_optimizer if args.opt == "lazy_adam" else gradient_descent.create_hash_optimizer
+    make = lazy_adam.create_hash_optimizer if opt == "lazy_adam" else gradient_descent.create_hash_optimizer
     train_op = tf.group(
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(loss, var_list=dense),
-        make(LEARNING_RATES[args.opt]).apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+        make(LEARNING_RATES[opt]).apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
     saver = tf.compat.v1.train.Saver()
     start_asc_pipeline()
     steps = 0
@@ -127,7 +138,7 @@ def main():
             out.update({f"{table.table_name}.{column}": np.asarray(rows, np.float32) if column != "keys" else rows
                         for column, rows in table.export(sess).items()})
             out[f"{table.table_name}.placement"] = table.placement.describe()
-    np.savez(os.path.join(args.out, f"{args.tag}-rank{rank}-of{size}.npz"), **out)
+    np.savez(os.path.join(args.out, f"{tag}-rank{rank}-of{size}.npz"), **out)
     terminate_config_initializer()
 
 
