@@ -3,7 +3,6 @@ per rank (mpiexec_output.py), every rank's heartbeats watched for silence, stall
 how it ended judged; then every process of it killed and checked gone, with the shared memory its
 killed ranks leave (job_kill.py). The supervisor (supervisor.py) decides what comes next."""
 import collections
-import json
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import psutil
 from . import job_kill
 from .job_spec import JobSpec
 from .mpiexec_output import LAUNCHER, Evidence, judge, lost_daemon_host, silent_host, split_output
-from .run_summary import AttemptEnd
+from .run_summary import AttemptEnd, write_json
 from shardrec.rank_runtime.formats import heartbeat_format as beats
 from shardrec.rank_runtime.formats.heartbeat_format import Heartbeat
 
@@ -97,9 +96,9 @@ class Attempt:
         self.tmp = tempfile.mkdtemp(prefix="shardrec-mpi-")
         env["TMPDIR"] = self.tmp
         cmd = self.command()
-        with open(os.path.join(self.dir, "command.json"), "w") as f:
-            json.dump({"command": cmd, "resume_from": self.resume_from, "np": self.np,
-                       "hosts": self.placement.mpiexec_hosts() if self.placement else self.spec.hosts}, f, indent=1)
+        write_json(os.path.join(self.dir, "command.json"),
+                   {"command": cmd, "resume_from": self.resume_from, "np": self.np,
+                    "hosts": self.placement.mpiexec_hosts() if self.placement else self.spec.hosts}, indent=1)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True, text=True, errors="replace")
@@ -153,10 +152,7 @@ class Attempt:
             self.heard[rank] = now
             self.beats[rank] = beat
             self.peak_rss[rank] = max(self.peak_rss[rank], beat.rss)
-        path = os.path.join(self.heartbeat_dir, f"rank-{rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(beat.to_dict(), f)
-        os.replace(path + ".tmp", path)
+        write_json(os.path.join(self.heartbeat_dir, f"rank-{rank}.json"), beat.to_dict())
 
     def hung(self, now: float) -> Tuple[Optional[str], Optional[int], Optional[str]]:
         """Why the attempt is stuck, with the rank to blame, once some rank passed the hang timeout;

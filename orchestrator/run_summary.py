@@ -101,10 +101,17 @@ def summed_counters(per_rank: List[Dict[str, Dict[str, int]]]) -> Optional[Dict[
     return {table: summed([tables.get(table, {}) for tables in per_rank]) for table in names} or None
 
 
+def write_json(path: str, value: object, indent: Optional[int] = None) -> None:
+    """`value` as JSON at `path`, whole or not at all: a reader that finds the file (a test, a user's
+    tool polling the run directory) never reads half of it."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=indent)
+    os.replace(path + ".tmp", path)
+
+
 def write(run_dir: str, summary: RunSummary) -> str:
     path = os.path.join(run_dir, FILE)
-    with open(path, "w") as f:
-        json.dump(summary.to_json(), f, indent=1)
+    write_json(path, summary.to_json(), indent=1)
     return path
 
 
