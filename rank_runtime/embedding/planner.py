@@ -26,7 +26,6 @@ docs/guide/sharding.md). A replicated table also holds every row on every rank: 
 ranks) keeps large tables from being replicated.
 """
 import math
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -188,9 +187,3 @@ def _check_shape(t: TableShape) -> None:
     if isinstance(t.ids_per_step, bool) or not isinstance(t.ids_per_step, int) or t.ids_per_step < 0:
         raise PlanError(f"table {t.name!r}: ids_per_step {t.ids_per_step!r}; allowed: an int >= 0 (0: unknown)")
 
-
-def timed_plan(tables: Sequence[TableShape], world_size: int, **kwargs) -> Tuple[ShardingPlan, float]:
-    """(plan, seconds the planner took): bench/planner.py and the guide's figures."""
-    t0 = time.perf_counter()
-    plan = plan_sharding(tables, world_size, **kwargs)
-    return plan, time.perf_counter() - t0

@@ -80,13 +80,6 @@ class Placement:
             return np.full(keys.shape, rank == self.rank)
         return np.mod(keys.astype(np.int64), world_size) == rank
 
-    def saves(self, keys: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-        """Which of the keys `rank` holds it writes: each key once over all ranks (a replicated
-        table's key by the rank that would own it row-wise)."""
-        if self.kind == REPLICATED:
-            return np.mod(keys.astype(np.int64), world_size) == rank
-        return np.ones(keys.shape, bool)
-
     def describe(self) -> str:
         return f"{TABLE_WISE} on rank {self.rank}" if self.kind == TABLE_WISE else self.kind
 
