@@ -59,7 +59,7 @@ class TableShape:
 
 @dataclass(frozen=True)
 class CostModel:
-    """The machine as the planner sees it (bench/planner.py measures this VM's)."""
+    """The machine as the planner sees it (its defaults: bench/README.md, "Sharding placements")."""
     bytes_per_second: float = 1.0e9
     seconds_per_exchange: float = 10e-6
     seconds_per_float: float = 1.0e-9
