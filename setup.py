@@ -60,6 +60,14 @@ framing = Pybind11Extension(
     libraries=["z"],
 )
 
+# shardrec-serve's JSON bodies into numpy arrays (native/src/bindings/json_module.cpp), without MPI.
+json_arrays = Pybind11Extension(
+    "shardrec.native.json_arrays",
+    sources=["native/src/bindings/json_module.cpp"],
+    include_dirs=["native/src"],
+    cxx_std=17,
+    extra_compile_args=["-O3"] + isa_flags(),
+)
 
 
 def tensorflow_flags():
@@ -86,4 +94,4 @@ tf_ops = Extension(
     extra_link_args=tf_link + mpicxx_flags("link"),
 )
 
-setup(ext_modules=[native, framing, tf_ops], cmdclass={"build_ext": parallel_build_ext})
+setup(ext_modules=[native, framing, json_arrays, tf_ops], cmdclass={"build_ext": parallel_build_ext})

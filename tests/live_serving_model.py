@@ -14,10 +14,19 @@ def outputs(features, dim=4):
 
 
 def every_row_outputs(features):
-    return outputs(features, dim=8)
+    """Every output one row per id (w repeated on each), so that shardrec-serve --enable-batching
+    runs concurrent requests together."""
+    out = outputs(features, dim=8)
+    return dict(out, w=tf.tile(out["w"][None], [tf.size(features["ids"]), 1]))
 
 
 def scaled_outputs(features):
     """Two batched inputs: the score of each id times its own scale."""
     out = outputs(features)
     return dict(out, score=out["score"] * features["scale"])
+
+
+def batched_outputs(features):
+    """The rows and the score only: every output one row per id (a batched signature)."""
+    out = outputs(features)
+    return {"emb": out["emb"], "score": out["score"]}

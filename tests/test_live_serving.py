@@ -15,72 +15,31 @@ import pytest
 import requests
 import tensorflow as tf
 
+from live_chains import STEPS, chains  # noqa: F401  (the fixture)
+from live_chains import list_saves as _list
+from live_chains import oracle as _oracle
+from live_chains import probe_ids as _probe_ids
 from live_server import Clients, LiveServer, metric
-from mpi_helpers import check, mpiexec
 from waits import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS = (4, 8, 12, 16, 20, 24)
-UNSEEN = [10**12, 10**12 + 1]
 POLLS = "shardrec_serve_model_dir_polls_total"
 
 
-@pytest.fixture(scope="module")
-def chains(tmp_path_factory):
-    """incremental_job's chain f4,d8,d12,f16,d20,d24 (admissions, evictions, lazy Adam) by 1 and 2
-    ranks, and a SavedModel exported from the 2-rank model-4."""
-    root = tmp_path_factory.mktemp("live")
-    out = {}
-    for n in (1, 2):
-        out[n] = str(root / f"chain{n}")
-        check(mpiexec(n, "incremental_job.py", out[n], "train", "--saves", "f4,d8,d12,f16,d20,d24"))
-    out["export"] = _export(os.path.join(out[2], "model-4"), root / "export")
-    return out
-
-
-def _export(checkpoint, out):
-    from live_serving_model import outputs
-    from shardrec.rank_runtime import export_saved_model
-
-    export_saved_model(str(checkpoint), str(out), outputs, {"ids": tf.TensorSpec([None], tf.int64)})
-    return str(out)
-
-
-def _oracle(checkpoint, work, ids):
-    """emb and w of shardrec-export on `checkpoint`, loaded afresh by TensorFlow's SavedModel loader
-    (in a graph and session of its own: the tests run with eager execution off)."""
-    export = _export(checkpoint, os.path.join(str(work), f"oracle-{os.path.basename(checkpoint)}"))
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export)
-        signature = meta.signature_def["serving_default"]
-        return sess.run({k: signature.outputs[k].name for k in ("emb", "w", "score")},
-                        {signature.inputs["ids"].name: ids})
-
-
-def _list(model_dir, paths):
-    """What the job's Saver does once every rank committed a save: the state file names it."""
-    tf.compat.v1.train.update_checkpoint_state(str(model_dir), paths[-1], list(paths))
-
-
-def _probe_ids(paths):
-    """Every key that any of the saves holds or counts (so: keys evicted later, and pending ones)."""
-    from shardrec.orchestrator.checkpoints import find_checkpoints, table_rows
-
-    keys = set()
-    for path in paths:
-        rows = table_rows(find_checkpoints(path)[0], "emb")
-        keys.update(rows["keys"].tolist())
-        keys.update(rows["pending_keys"].tolist())
-    return np.array(sorted(keys) + UNSEEN, np.int64)
-
-
 def _assert_serves(server, checkpoint, ids, work):
+    """REST's answer (and gRPC's, when the server speaks it: the same arrays bit for bit) equals a
+    fresh load of shardrec-export on `checkpoint`."""
     got, version = server.predict(ids)
     want = _oracle(checkpoint, work, ids)
     assert version == int(checkpoint.rsplit("-", 1)[1])
     np.testing.assert_array_equal(got["emb"], want["emb"], err_msg=f"version {version}: rows")
     np.testing.assert_array_equal(got["w"], want["w"], err_msg=f"version {version}: dense w")
     np.testing.assert_allclose(got["score"], want["score"], rtol=0, atol=1e-6, err_msg=f"version {version}: predictions")
+    if server.grpc_target is not None:
+        over_grpc, grpc_version = server.grpc_predict(ids)
+        assert grpc_version == version and set(over_grpc) == set(got)
+        for name, value in over_grpc.items():
+            np.testing.assert_array_equal(value, got[name], err_msg=f"version {version}: gRPC's {name} against REST's")
     return got
 
 
@@ -101,7 +60,7 @@ def test_every_version_equals_a_fresh_export_of_its_checkpoint_across_a_change_o
         paths.append(str(follow / f"model-{step}"))
     ids = _probe_ids(paths)
     _list(follow, paths[:1])
-    server = LiveServer(chains["export"], follow)
+    server = LiveServer(chains["export"], follow, "--grpc-port", "0")
     try:
         seen = []
         for i, path in enumerate(paths):
@@ -180,10 +139,37 @@ def _listed_step(model) -> int:
 
 def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_server_killed(tmp_path):
     """A job adds 1 to every row and to the dense weight at each step and saves a delta of it, while
-    the server follows and three clients send requests. The job dies inside its save of step 12 (the
-    server goes on serving 11) and is restarted (12 is a full save then, applied beside and swapped
-    in); the server is SIGKILLed and restarted while deltas keep coming. Every response equals its
-    version's checkpoint exactly: all rows and w of one version, never a mix."""
+    the server follows (batching on) and three clients send requests over REST and three over gRPC.
+    The job dies inside its save of step 12 (the server goes on serving 11) and is restarted (12 is a
+    full save then, applied beside and swapped in); the server is SIGKILLed and restarted while
+    deltas keep coming. Every response equals its version's checkpoint exactly: all rows and w of one
+    version, never a mix."""
+    responses = _serve_a_job_that_changes_every_row(tmp_path, ("--grpc-port", "0", "--enable-batching"))
+    assert "batching signatures ['serving_default']" in responses.logs[0], responses.logs[0]
+    assert responses.torn == [], (f"{len(responses.torn)} of {len(responses.clients.responses)} responses mix "
+                                  f"versions: {responses.torn[:10]}")
+    print(f"{len(responses.clients.responses)} responses ({responses.clients.by_api}) over versions "
+          f"{responses.versions[0]}..{responses.versions[-1]}, none torn; {responses.clients.refused} refused "
+          "connections while the server restarted")
+
+
+def test_a_server_without_its_write_lock_is_caught_tearing_reads(tmp_path):
+    """The negative of the test above: the same job, clients and checks against shardrec-serve with
+    its versions' read-write lock taken out (tests/unlocked_serve.py), and the delta's rows and dense
+    variables written by separate runs as a server without the lock would: torn responses are found."""
+    responses = _serve_a_job_that_changes_every_row(
+        tmp_path, ("--grpc-port", "0"), command=(sys.executable, os.path.join(HERE, "unlocked_serve.py")),
+        kill_server=False)
+    assert responses.torn, f"no torn response among {len(responses.clients.responses)}: the check would miss one"
+    print(f"without the lock: {len(responses.torn)} of {len(responses.clients.responses)} responses torn")
+
+
+class _Served:
+    def __init__(self, clients, versions, torn, logs):
+        self.clients, self.versions, self.torn, self.logs = clients, versions, torn, logs
+
+
+def _serve_a_job_that_changes_every_row(tmp_path, server_args, command=None, kill_server=True):
     from live_serving_model import every_row_outputs
     from shardrec.launch.redis_server import free_port
     from shardrec.rank_runtime import export_saved_model
@@ -194,9 +180,11 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
     export_saved_model(str(model / "model-1"), str(tmp_path / "export"), every_row_outputs,
                        {"ids": tf.TensorSpec([None], tf.int64)})
     ids = (np.arange(0, 2000, 5, dtype=np.int64) * 7919 + 11)
-    port = free_port()
-    servers = [LiveServer(tmp_path / "export", model, "--port", port)]
-    clients = Clients(lambda: servers[-1].url, ids)
+    port, grpc_port = free_port(), free_port()
+    args = [a if a != "0" else str(grpc_port) for a in server_args]
+    extra = {"command": command} if command else {}
+    servers = [LiveServer(tmp_path / "export", model, "--port", port, *args, **extra)]
+    clients = Clients(lambda: servers[-1].url, ids, grpc_of=lambda: servers[-1].grpc_target)
     second = None
     try:
         first_out = first.communicate(timeout=300)[0]
@@ -211,9 +199,10 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
         servers[0].wait_version(20, timeout=120)
         # Requests across the restarted job's full save of 12 (loaded beside and swapped in).
         wait_for(lambda: clients.seen(lambda v: v >= 12), None, 60, "a response after the full save of 12")
-        servers[0].stop(signal.SIGKILL)
-        servers.append(LiveServer(tmp_path / "export", model, "--port", port))
-        assert servers[-1].version() >= 20
+        if kill_server:
+            servers[0].stop(signal.SIGKILL)
+            servers.append(LiveServer(tmp_path / "export", model, "--port", port, *args, **extra))
+            assert servers[-1].version() >= 20
         servers[-1].wait_version(40, timeout=120)
         wait_for(lambda: clients.seen(lambda v: v == 40), None, 60, "a response of version 40")
     finally:
@@ -222,6 +211,8 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
         for server in servers:
             server.stop()
     assert second.returncode == 0, out
+    assert not clients.errors, clients.errors[:5]
+    assert clients.by_api["grpc"] > 0 and clients.by_api["rest"] > 0, clients.by_api
     versions = sorted({v for v, _, _ in clients.responses})
     # Requests ran before the kill (11), across the restarted job's full save and after the server's
     # restart (40); how many versions between them a client meets is the machine's speed.
@@ -232,11 +223,10 @@ def test_no_request_sees_part_of_an_update_through_a_job_killed_mid_save_and_a_s
         np.testing.assert_allclose(expected[v][0] - expected[v - 1][0], 1.0, atol=1e-5, err_msg=f"rows, step {v}")
         np.testing.assert_allclose(expected[v][1] - expected[v - 1][1], 1.0, atol=1e-5, err_msg=f"w, step {v}")
     torn = [v for v, emb, w in clients.responses
-            if not (np.array_equal(emb, expected[v][0]) and np.array_equal(w, expected[v][1]))]
-    assert not torn, f"{len(torn)} of {len(clients.responses)} responses mix versions: {torn[:10]}"
-    print(f"{len(clients.responses)} responses over versions {versions[0]}..{versions[-1]}, none torn; "
-          f"{clients.refused} refused connections while the server restarted")
-    assert "loaded whole" in servers[0].log and "a delta applied in place" in servers[-1].log
+            if not (np.array_equal(emb, expected[v][0]) and np.array_equal(w, np.broadcast_to(expected[v][1], w.shape)))]
+    if kill_server:
+        assert "loaded whole" in servers[0].log and "a delta applied in place" in servers[-1].log
+    return _Served(clients, versions, torn, [s.log for s in servers])
 
 
 def _flip_byte(path, at_end=16):
@@ -416,7 +406,7 @@ def test_a_columnar_request_whose_inputs_differ_in_batch_size_is_a_400_naming_th
 def test_what_the_model_says_of_inputs_it_cannot_run_keeps_the_rule_and_drops_the_graph():
     """TensorFlow's own error of a graph run on inputs that do not fit (a concat of 3 and 2 rows),
     as a request's 400 says it: the rule, without node names, definition sites or code."""
-    from shardrec.rank_runtime.serving.live.rest_api import model_refusal
+    from shardrec.rank_runtime.serving.live.predictor import model_refusal
 
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         a, b = tf.compat.v1.placeholder(tf.float32, [None, 2]), tf.compat.v1.placeholder(tf.float32, [None, 1])

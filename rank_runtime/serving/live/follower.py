@@ -6,7 +6,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
 
@@ -32,6 +32,8 @@ class Served:
     def __init__(self, graph: ModelGraph, metrics: ServerMetrics):
         self.graph, self.metrics = graph, metrics
         self.current: Optional[ServedVersion] = None
+        # told of every version served (the gRPC health service turns SERVING at the first)
+        self.listeners: List[Callable[[VersionInfo], None]] = []
 
     def run(self, fetches: Any, feeds: dict) -> tuple:
         for _ in range(100):
@@ -58,6 +60,8 @@ class Served:
         self.metrics.version.set(info.number)
         self.metrics.served_age.set(info.committed_at)
         self.metrics.commit_to_served.observe(max(0.0, info.served_at - info.committed_at))
+        for listener in self.listeners:
+            listener(info)
 
 
 def listed_checkpoints(model_dir: str) -> list:

@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import tensorflow as tf
 from google.protobuf import json_format
 
 from ...process.logs import get_logger
-from .follower import NoVersion, Served
-from .rest_api import RestError, encode_predict, model_refusal, parse_predict
+from .predictor import PredictError, Predictor
+from .rest_api import RestError, encode_predict, parse_predict
 
 log = get_logger("shardrec.serve")
 _ROUTE = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>-?\d+))?(?P<rest>/metadata|:predict|"
@@ -34,9 +33,10 @@ class AppSettings:
 
 
 class RestApp:
-    def __init__(self, served: Served, settings: AppSettings):
-        self.served, self.settings = served, settings
-        self.metrics = served.metrics
+    def __init__(self, predictor: Predictor, settings: AppSettings):
+        self.predictor, self.settings = predictor, settings
+        self.served = predictor.served
+        self.metrics = self.served.metrics
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
@@ -48,9 +48,9 @@ class RestApp:
         except Exception as e:  # a request never gets a stack trace; the log has it
             log.exception("request %s %s", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
             status, body = 500, {"error": f"internal error: {type(e).__name__}: {e}"}
-        self.metrics.requests.labels(endpoint, str(status)).inc()
+        self.metrics.requests.labels("rest", endpoint, str(status)).inc()
         if endpoint == "predict":
-            self.metrics.latency.observe(time.monotonic() - started)
+            self.metrics.latency.labels("rest").observe(time.monotonic() - started)
         if isinstance(body, bytes):
             data, kind = body, "text/plain; version=0.0.4"
         else:
@@ -67,14 +67,10 @@ class RestApp:
         if m is None:
             raise RestError(404, f"Malformed request: {method} {path}")
         name, version, rest = m.group("name"), m.group("version"), m.group("rest")
-        if name != self.settings.model_name:
-            raise RestError(404, f"Servable not found for request: Latest({name})")
-        info = self.served.info
-        if info is None:
-            raise RestError(404, f"Servable not found for request: Latest({name}) (no version is loaded yet)")
-        if version is not None and int(version) != info.number:
-            raise RestError(404, f"Servable not found for request: Specific({name}, {version}); version "
-                                 f"{info.number} is served")
+        try:
+            info = self.predictor.version(name, None if version is None else int(version))
+        except PredictError as e:
+            raise RestError(_HTTP[e.code], e.message) from None
         if rest in (":classify", ":regress"):
             raise RestError(400, f"{rest[1:]} is not supported by this model's signatures; use :predict")
         if rest == ":predict":
@@ -88,20 +84,12 @@ class RestApp:
         return "status", 200, _status(info), []
 
     def _predict(self, body: bytes, name: str, version) -> tuple:
-        signatures = self.served.graph.signatures
-        request = parse_predict(body, signatures)
-        signature = signatures[request.signature]
-        feeds = {signature.inputs[a].tensor: v for a, v in request.feeds.items()}
-        fetches = {a: spec.tensor for a, spec in signature.outputs.items()}
+        request = parse_predict(body, self.served.graph.signatures)
         try:
-            outputs, info = self.served.run(fetches, feeds)
-        except NoVersion:
-            raise RestError(503, "no version is loaded; try again") from None
-        except tf.errors.InvalidArgumentError as e:
-            raise RestError(400, model_refusal(e.message)) from None
-        if version is not None and int(version) != info.number:  # replaced while the request waited
-            raise RestError(404, f"Servable not found for request: Specific({name}, {version}); version "
-                                 f"{info.number} is served")
+            outputs, info = self.predictor.predict(self.served.graph.signatures[request.signature], request.feeds,
+                                                   name, None if version is None else int(version))
+        except PredictError as e:
+            raise RestError(_HTTP[e.code], e.message) from None
         return 200, encode_predict(outputs, request.row_format), [(VERSION_HEADER, str(info.number))]
 
     def _metadata(self, name, number) -> dict:
@@ -129,6 +117,8 @@ def _body(environ, limit: int) -> bytes:
     return data
 
 
+# TF Serving's REST statuses for the codes its gRPC side answers with.
+_HTTP = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "UNAVAILABLE": 503}
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
 

@@ -3,13 +3,13 @@ a predict body's row format ("instances") or columnar format ("inputs") into one
 signature input, checked against the signature's dtypes and shapes; outputs back into
 "predictions" or "outputs"; errors as TF Serving gives them, {"error": message} with its status."""
 import base64
-import json
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
+from ....native import json_arrays
+from .feeds import InputError, check_aliases, check_batch, check_shape
 from .model_graph import Signature
 
 
@@ -27,13 +27,11 @@ class PredictRequest:
 
 
 def _json(body: bytes):
+    """The body's JSON value, its rectangular arrays of numbers read natively into numpy arrays."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return json_arrays.parse(body)
+    except ValueError as e:
         raise RestError(400, f"JSON Parse error: {e}") from None
-    except RecursionError:
-        raise RestError(400, "JSON Parse error: the body is nested too deeply (a request's values are lists of at "
-                             "most a tensor's rank, 32 levels)") from None
 
 
 def signature_name(doc: dict) -> str:
@@ -69,9 +67,11 @@ def parse_predict(body: bytes, signatures: dict) -> PredictRequest:
 
 
 def _columns_of_rows(instances, signature: Signature) -> dict:
+    aliases = list(signature.inputs)
+    if isinstance(instances, np.ndarray) and instances.ndim and len(aliases) == 1:
+        return {aliases[0]: instances}  # a list of numbers, read as one array
     if not isinstance(instances, list) or not instances:
         raise RestError(400, "'instances' must be a non-empty list")
-    aliases = list(signature.inputs)
     if all(isinstance(i, dict) for i in instances) and not (len(aliases) == 1 and _is_b64(instances[0])):
         names = set(instances[0])
         if any(set(i) != names for i in instances):
@@ -93,12 +93,14 @@ def _array(alias, value, spec) -> np.ndarray:
                 return base64.b64decode(v["b64"])
             if isinstance(v, list):
                 return [decode(x) for x in v]
+            if isinstance(v, np.ndarray):
+                raise RestError(400, f"input {alias!r}: expects strings, got numbers")
             if not isinstance(v, str):
                 raise RestError(400, f"input {alias!r}: expects strings, got {type(v).__name__}")
             return v.encode()
         return np.array(decode(value), dtype=object)
     try:
-        array = np.array(value)
+        array = np.asarray(value)  # an array the parser made is not copied
     except (ValueError, RecursionError) as e:
         raise RestError(400, f"input {alias!r}: not a rectangular array of {spec.dtype.name} ({e})") from None
     if array.dtype == object or array.dtype.kind not in "biuf":
@@ -117,46 +119,18 @@ def _array(alias, value, spec) -> np.ndarray:
 
 
 def _feeds(columns: dict, signature: Signature, row_format: bool) -> dict:
-    unknown = sorted(set(columns) - set(signature.inputs))
-    if unknown:
-        raise RestError(400, f"input tensor alias(es) {unknown} not found in signature {signature.name!r}; its "
-                             f"inputs are {sorted(signature.inputs)}")
-    missing = sorted(set(signature.inputs) - set(columns))
-    if missing:
-        raise RestError(400, f"input(s) {missing} of signature {signature.name!r} missing from the request")
-    feeds = {}
-    for alias, spec in signature.inputs.items():
-        array = _array(alias, columns[alias], spec)
-        if spec.shape is not None:
-            fits = len(array.shape) == len(spec.shape) and all(
-                want is None or want == have for want, have in zip(spec.shape, array.shape))
-            if not fits:
-                want = [-1 if d is None else d for d in spec.shape]
-                raise RestError(400, f"input {alias!r}: shape {list(array.shape)} does not match the signature's "
-                                     f"{want} (-1: any size)")
-        feeds[alias] = array
-    if row_format and len({a.shape[0] if a.ndim else None for a in feeds.values()}) > 1:
-        raise RestError(400, "instances: the named inputs have different batch sizes")
-    batched = {alias: feeds[alias].shape[0] for alias, spec in signature.inputs.items()
-               if spec.shape is not None and len(spec.shape) and spec.shape[0] is None}
-    if len(batched) == len(feeds) and len(set(batched.values())) > 1:
-        sizes = ", ".join(f"{alias!r} {n}" for alias, n in sorted(batched.items()))
-        raise RestError(400, f"inputs: the inputs have different batch sizes ({sizes}); every input of signature "
-                             f"{signature.name!r} has the batch as its first dimension, the same in all of them")
+    try:
+        check_aliases(columns, signature)
+        feeds = {}
+        for alias, spec in signature.inputs.items():
+            feeds[alias] = _array(alias, columns[alias], spec)
+            check_shape(alias, feeds[alias], spec)
+        if row_format and len({a.shape[0] if a.ndim else None for a in feeds.values()}) > 1:
+            raise InputError("instances: the named inputs have different batch sizes")
+        check_batch(feeds, signature)
+    except InputError as e:
+        raise RestError(400, str(e)) from None
     return feeds
-
-
-_GRAPH_LINES = ("Graph execution error", "Detected at node", "File ", "Node:", "[[")
-_OP_PREFIX = re.compile(r"^\w+Op ?: ")
-
-
-def model_refusal(message: str) -> str:
-    """What the model said of inputs it could not run, without TensorFlow's graph or code: the first
-    line of its message that is neither a node, a definition site nor an op's name."""
-    lines = (line.strip() for line in message.splitlines())
-    rule = next((line for line in lines if line and not line.startswith(_GRAPH_LINES)
-                 and not line.endswith("(most recent call last):")), "")
-    return f"the model refused the request's inputs: {_OP_PREFIX.sub('', rule) or 'an input does not fit the model'}"
 
 
 def _plain(array):

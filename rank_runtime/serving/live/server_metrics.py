@@ -2,16 +2,19 @@
 import prometheus_client as prom
 
 _LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 
 class ServerMetrics:
     def __init__(self):
         self.registry = prom.CollectorRegistry()
         r = self.registry
-        self.requests = prom.Counter("shardrec_serve_requests", "Requests answered, by endpoint and HTTP status",
-                                     ["endpoint", "code"], registry=r)
-        self.latency = prom.Histogram("shardrec_serve_request_seconds", "Time to answer a predict request",
+        self.requests = prom.Counter("shardrec_serve_requests", "Requests answered, by API (rest, grpc), endpoint "
+                                     "and status (HTTP's, or gRPC's code)", ["api", "endpoint", "code"], registry=r)
+        self.latency = prom.Histogram("shardrec_serve_request_seconds", "Time to answer a predict request", ["api"],
                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch = prom.Histogram("shardrec_serve_batch_requests", "Requests run together in one session.run "
+                                    "(server-side batching)", buckets=_BATCH_BUCKETS, registry=r)
         self.version = prom.Gauge("shardrec_serve_model_version", "The version served (its checkpoint's step)",
                                   registry=r)
         self.updates = prom.Counter("shardrec_serve_updates", "Checkpoints applied, by how (delta in place, or "
