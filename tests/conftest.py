@@ -25,7 +25,7 @@ from shardrec.rank_runtime.process import lifecycle  # noqa: E402
 LONGEST_FIRST = ("test_elastic.py", "test_stream.py", "test_tiers.py", "test_incremental.py", "test_multi_host.py",
                  "test_supervisor.py", "test_demo.py", "test_bench_smoke.py", "test_checkpoint.py",
                  "test_multi_rank.py", "test_admission.py", "test_pooled_lookup.py", "test_sharding.py",
-                 "test_live_serving.py",
+                 "test_live_serving.py", "test_grpc_serving.py",
                  "test_exchange_faults.py", "test_parquet_jobs.py", "test_dlrm.py", "test_serving.py", "test_setup.py",
                  "test_row_dtypes.py", "test_expansion.py", "test_host_defaults.py", "test_table_only_model.py", "test_graph_modification.py",
                  "test_stream_broker.py", "test_estimator.py")

@@ -245,14 +245,15 @@ def test_damaged_broken_and_incomplete_saves_are_refused_by_name_and_a_restart_s
         chains, tmp_path):
     """A flipped byte in delta 8: refused (the file named), and delta 12 with it (its chain is broken);
     the version served stays 4 and exact until the full save 16. A listed save with a rank's shard
-    missing: refused; a server started afresh serves the newest complete one."""
+    missing: refused; a server started afresh serves the newest complete one. Over REST and gRPC
+    alike (_assert_serves asks both)."""
     model = tmp_path / "model"
     shutil.copytree(chains[2], model)
     _flip_byte(model / "sparse-model-8" / "rank-0-of-2" / "emb" / "values.npy")
     paths = [str(model / f"model-{s}") for s in STEPS]
     ids = _probe_ids([os.path.join(chains[2], f"model-{s}") for s in STEPS])
     _list(model, paths[:1])
-    server = LiveServer(chains["export"], model)
+    server = LiveServer(chains["export"], model, "--grpc-port", "0")
     try:
         assert server.wait_version(4) == 4
         for i, refused in ((1, 1), (2, 2)):
@@ -273,7 +274,7 @@ def test_damaged_broken_and_incomplete_saves_are_refused_by_name_and_a_restart_s
     shutil.copytree(model / "sparse-model-24", model / "sparse-model-28")
     shutil.rmtree(model / "sparse-model-28" / "rank-1-of-2")
     _list(model, paths + [str(model / "model-28")])
-    restarted = LiveServer(chains["export"], model)
+    restarted = LiveServer(chains["export"], model, "--grpc-port", "0")
     try:
         assert restarted.version() == 24, restarted.log
         _assert_serves(restarted, paths[-1], ids, tmp_path)
@@ -449,8 +450,9 @@ def test_numbered_version_directories_for_tf_serving_follow_the_job_and_keep_the
 
 
 def test_bad_arguments_are_named_before_anything_is_served(chains, tmp_path):
-    """No SavedModel, a --follow that is not a directory, and a SavedModel that shardrec-export did
-    not write asked to follow a job: exit status 2, the cause named."""
+    """No SavedModel, a --follow that is not a directory, a SavedModel that shardrec-export did not
+    write asked to follow a job, a gRPC port out of range or taken, a batch of no instances: exit
+    status 2, the cause named."""
     import subprocess
 
     from live_server import SERVE
@@ -462,9 +464,20 @@ def test_bad_arguments_are_named_before_anything_is_served(chains, tmp_path):
         builder.add_meta_graph_and_variables(sess, [tf.saved_model.SERVING], signature_def_map={
             "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": x * 2})})
         builder.save()
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     cases = [([str(tmp_path / "none")], "not a SavedModel (no saved_model.pb)"),
              ([chains["export"], "--follow", str(tmp_path / "none")], "--follow"),
-             ([plain, "--follow", chains[2]], "has no shardrec tables' layout")]
-    for args, message in cases:
-        done = subprocess.run([SERVE, *args, "--port", "0"], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and message in done.stderr, (args, done.returncode, done.stderr[-2000:])
+             ([plain, "--follow", chains[2]], "has no shardrec tables' layout"),
+             ([chains["export"], "--grpc-port", "70000"], "--grpc-port 70000: must be 0..65535"),
+             ([chains["export"], "--enable-batching", "--max-batch-size", "0"], "--max-batch-size"),
+             ([chains["export"], "--grpc-port", str(taken.getsockname()[1])], "cannot listen")]
+    try:
+        for args, message in cases:
+            done = subprocess.run([SERVE, *args, "--port", "0"], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 2 and message in done.stderr, (args, done.returncode, done.stderr[-2000:])
+    finally:
+        taken.close()

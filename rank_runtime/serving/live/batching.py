@@ -88,9 +88,14 @@ class Batcher:
         return task.outputs, task.info
 
     def close(self) -> None:
+        """Stops the batch threads; requests still queued hear QueueFull (the server is going away)."""
         with self._cond:
             self._closed = True
+            left, self._queue, self._queued = list(self._queue), deque(), 0
             self._cond.notify_all()
+        for t in left:
+            t.error = QueueFull("the server is stopping; try again")
+            t.done.set()
 
     def _take(self) -> Optional[List[_Task]]:
         timeout = self.options.batch_timeout_micros / 1e6

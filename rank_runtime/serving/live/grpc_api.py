@@ -155,7 +155,10 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._set_health(predictor.served.info is not None)
         predictor.served.listeners.append(lambda info: self._set_health(True))
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # grpcio raises where older releases returned 0
+            self.port = 0
         if self.port == 0:
             raise OSError(f"gRPC cannot listen on {host}:{port} (in use, or not an address of this host)")
 
