@@ -122,6 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              args.threads)
     except OSError as e:
         print(f"shardrec-serve: cannot listen: {e}", file=sys.stderr)
+        if grpc_server is not None:
+            grpc_server.stop()
         return 2
     batched = [name for name, on in predictor.batched.items() if on]
     if args.enable_batching:
