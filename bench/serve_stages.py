@@ -52,7 +52,7 @@ def stages(export, save, arrays, reps, rounds):
     served = Served(graph, ServerMetrics())
     served.swap(load_version(graph, save))
     predictor = Predictor(served, "model")
-    calls = _Calls(predictor)
+    calls = _Calls(predictor, 64 << 20)
     signature = predictor.signature("serving_default")
     bodies = serve.bodies(arrays)
     requests = [r.SerializeToString() for r in serve.grpc_requests(arrays)]

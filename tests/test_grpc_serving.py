@@ -97,6 +97,9 @@ def test_bad_requests_get_tf_serving_s_codes_naming_the_fault_and_the_next_reque
     filtered.output_filter.append("nope")
     labelled = grpc_request(ids)
     labelled.model_spec.version_label = "stable"
+    # A few bytes that declare 2^40 ids (TensorFlow repeats a TensorProto's last value to its shape).
+    huge = grpc_request(ids, inputs={"ids": np.array([7], np.int64)})
+    huge.inputs["ids"].tensor_shape.dim[0].size = 2**40
     no_field = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["other"])
     no_field.model_spec.name = "model"
     C = grpc.StatusCode
@@ -119,6 +122,7 @@ def test_bad_requests_get_tf_serving_s_codes_naming_the_fault_and_the_next_reque
         (C.INVALID_ARGUMENT, "output_filter names ['nope']", predict.Predict, filtered),
         (C.INVALID_ARGUMENT, "the one field served is ['signature_def']", predict.GetModelMetadata, no_field),
         (C.RESOURCE_EXHAUSTED, "", predict.Predict, grpc_request(np.arange(5000, dtype=np.int64))),
+        (C.RESOURCE_EXHAUSTED, "input 'ids': shape [1099511627776] of int64", predict.Predict, huge),
     ]
     try:
         for code, message, call, request in cases:

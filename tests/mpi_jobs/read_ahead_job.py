@@ -1,6 +1,6 @@
 """A job whose batches each bring 100 keys never seen before (step s: keys 100*s .. 100*s+99, table
 "emb" of dim 4, random initial rows, SGD), read ahead of the step by the dataset's prefetch and the
-key pipeline: after --steps steps (and a pause, so that the read-ahead fills) it saves once, a save
+key pipeline: after --steps steps, once the pipeline holds a later batch's keys, it saves once, a save
 that holds keys of batches it has not trained, at their initial rows. tests/test_grpc_serving.py
 serves that save.
 
@@ -47,7 +47,13 @@ def main():
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(args.steps):
             sess.run(train_op)
-        time.sleep(2.0)
+        # The save must hold keys of a batch not trained yet: wait (bounded) until the key pipeline
+        # has taken in at least one batch beyond the steps run.
+        deadline = time.monotonic() + 60
+        while table.size() < (args.steps + 1) * KEYS_PER_STEP:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the key pipeline read no batch ahead in 60 s ({table.size()} keys held)")
+            time.sleep(0.01)
         saver.save(sess, os.path.join(args.model, "model"), global_step=args.steps)
     print(f"SAVED after {args.steps} steps", flush=True)
 

@@ -30,11 +30,24 @@ def _version_of(spec: model_pb2.ModelSpec) -> Optional[int]:
     return spec.version.value if spec.HasField("version") else None
 
 
-def _array(alias: str, proto: Any, spec: TensorSpecOf) -> np.ndarray:
+class TooLarge(Exception):
+    """A TensorProto whose declared shape is over the message limit once decoded."""
+
+
+def _array(alias: str, proto: Any, spec: TensorSpecOf, limit: int) -> np.ndarray:
     given = tf.dtypes.as_dtype(proto.dtype) if proto.dtype else None
     if given != spec.dtype:
         raise InputError(f"input {alias!r}: expects {spec.dtype.name}, got "
                          f"{given.name if given is not None else 'no dtype'} (TensorProto.dtype)")
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if any(d < 0 for d in dims):
+        raise InputError(f"input {alias!r}: TensorProto.tensor_shape {dims} has a negative dimension")
+    # A TensorProto may give fewer values than its shape holds (TensorFlow repeats the last one):
+    # a few bytes could declare terabytes, so the decoded size is bounded as a message is.
+    decoded = int(np.prod(dims, dtype=object)) * max(1, spec.dtype.size)
+    if decoded > limit:
+        raise TooLarge(f"input {alias!r}: shape {dims} of {spec.dtype.name} is {decoded} bytes decoded, over the "
+                       f"limit of {limit} (shardrec-serve --max-body-mb)")
     try:
         array = tf.make_ndarray(proto)
     except (ValueError, TypeError) as e:
@@ -47,8 +60,8 @@ def _array(alias: str, proto: Any, spec: TensorSpecOf) -> np.ndarray:
 class _Calls:
     """The three services' methods over one Predictor."""
 
-    def __init__(self, predictor: Predictor):
-        self.predictor = predictor
+    def __init__(self, predictor: Predictor, max_message_bytes: int):
+        self.predictor, self.limit = predictor, max_message_bytes
         self.metrics = predictor.served.metrics
 
     def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
@@ -58,7 +71,8 @@ class _Calls:
         signature = p.signature(spec.signature_name)
         try:
             check_aliases(request.inputs.keys(), signature)
-            feeds = {alias: _array(alias, request.inputs[alias], s) for alias, s in signature.inputs.items()}
+            feeds = {alias: _array(alias, request.inputs[alias], s, self.limit)
+                     for alias, s in signature.inputs.items()}
             check_batch(feeds, signature)
             wanted = list(request.output_filter) or list(signature.outputs)
             unknown = sorted(set(wanted) - set(signature.outputs))
@@ -67,6 +81,8 @@ class _Calls:
                                  f"its outputs are {sorted(signature.outputs)}")
         except InputError as e:
             raise PredictError("INVALID_ARGUMENT", str(e)) from None
+        except TooLarge as e:
+            raise PredictError("RESOURCE_EXHAUSTED", str(e)) from None
         outputs, info = p.predict(signature, feeds, spec.name, _version_of(spec))
         response = predict_pb2.PredictResponse()
         _spec(response.model_spec, spec.name, info, signature.name)
@@ -141,7 +157,7 @@ class GrpcServer:
                                   options=[("grpc.max_receive_message_length", max_message_bytes),
                                            ("grpc.max_send_message_length", max_message_bytes),
                                            ("grpc.so_reuseport", 0)])
-        calls, metrics = _Calls(predictor), predictor.served.metrics
+        calls, metrics = _Calls(predictor, max_message_bytes), predictor.served.metrics
         handlers: Dict[str, Dict[str, Any]] = {
             PREDICTION_SERVICE: {
                 "Predict": _handler(calls.predict, predict_pb2.PredictRequest, "predict", metrics),
