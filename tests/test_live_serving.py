@@ -395,6 +395,8 @@ def test_a_columnar_request_whose_inputs_differ_in_batch_size_is_a_400_naming_th
         assert "different batch sizes ('ids' 3, 'scale' 2)" in error and "first dimension" in error, error
         for internal in ("node", "Graph execution", "File ", "concat", "mul", "[["):
             assert internal not in error, error
+        bare = _post(server, {"instances": ids.tolist()})  # numbers, where two named inputs are wanted
+        assert bare.status_code == 400 and "instances must be objects naming" in bare.json()["error"], bare.text
         scale = [1.0, 2.0, -0.5]
         good = _post(server, {"inputs": {"ids": ids.tolist(), "scale": scale}})
         assert good.status_code == 200, good.text

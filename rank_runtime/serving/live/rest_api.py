@@ -68,8 +68,10 @@ def parse_predict(body: bytes, signatures: dict) -> PredictRequest:
 
 def _columns_of_rows(instances, signature: Signature) -> dict:
     aliases = list(signature.inputs)
-    if isinstance(instances, np.ndarray) and instances.ndim and len(aliases) == 1:
-        return {aliases[0]: instances}  # a list of numbers, read as one array
+    if isinstance(instances, np.ndarray) and instances.ndim:  # a list of numbers, read as one array
+        if len(aliases) != 1:
+            raise RestError(400, f"instances must be objects naming the signature's inputs {aliases}")
+        return {aliases[0]: instances}
     if not isinstance(instances, list) or not instances:
         raise RestError(400, "'instances' must be a non-empty list")
     if all(isinstance(i, dict) for i in instances) and not (len(aliases) == 1 and _is_b64(instances[0])):
