@@ -211,7 +211,8 @@ def _serve_a_job_that_changes_every_row(tmp_path, server_args, command=None, kil
         for server in servers:
             server.stop()
     assert second.returncode == 0, out
-    assert not clients.errors, clients.errors[:5]
+    if command is None:  # the real server; without its lock a version's session can close under a request
+        assert not clients.errors, clients.errors[:5]
     assert clients.by_api["grpc"] > 0 and clients.by_api["rest"] > 0, clients.by_api
     versions = sorted({v for v, _, _ in clients.responses})
     # Requests ran before the kill (11), across the restarted job's full save and after the server's
