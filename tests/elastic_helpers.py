@@ -29,6 +29,34 @@ def assert_rows_equal(got, want):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+def assert_saved_again(got, want, step):
+    """Step `step` of supervised_train.py saved again by the ranks that restored it (the saver hook
+    saves at session start) holds every restored row, slots and counts bitwise; it may also hold keys
+    that batches after `step`, read ahead by then, added at their initial rows: those have no
+    optimizer state yet."""
+    import sys
+
+    from mpi_helpers import JOBS
+
+    sys.path.insert(0, JOBS)
+    from supervised_train import global_batches
+
+    assert sorted(got) == sorted(want)
+    at = np.minimum(np.searchsorted(got["keys"], want["keys"]), len(got["keys"]) - 1)
+    assert np.array_equal(got["keys"][at], want["keys"]), np.setdiff1d(want["keys"], got["keys"])[:10]
+    for name in want:
+        if name.startswith("pending"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        elif name != "keys":
+            np.testing.assert_array_equal(got[name][at], want[name], err_msg=name)
+    extra = np.setdiff1d(got["keys"], want["keys"])
+    assert np.isin(extra, global_batches()[0][step:]).all(), extra  # ids of later batches only
+    new = np.isin(got["keys"], extra)
+    for name in got:
+        if "." in name:  # an optimizer's slot (values and keys have no dot)
+            assert not got[name][new].any(), (name, extra)
+
+
 def started(run, attempt):
     """(np, hosts, resumed_from) of an attempt, from its command.json."""
     with open(run / f"attempt-{attempt}" / "command.json") as f:

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from elastic_helpers import (assert_bitwise_same, assert_rows_equal, assert_same_training, beat_step, by_hand, discovery,
-                             elastic_args, rows_of, started, stopped_at_the_end)
+from elastic_helpers import (assert_bitwise_same, assert_rows_equal, assert_same_training, assert_saved_again,
+                             beat_step, by_hand, discovery, elastic_args, rows_of, started, stopped_at_the_end)
 from mpi_helpers import check, kill_during_save, mpiexec
 from waits import wait_for
 
@@ -41,7 +41,7 @@ def test_the_hook_saving_a_restored_step_again_on_fewer_ranks_replaces_every_sha
     assert proc.returncode != 0 and "FAULT rank=0 step=6 kill" in proc.stdout, proc.stdout[-3000:]
     assert sorted(os.listdir(ckpt / "sparse-model.ckpt-5")) == ["rank-0-of-1"]
     assert not [e for e in os.listdir(ckpt) if e.endswith(".saving")]
-    assert_rows_equal(rows_of(ckpt, "model.ckpt-5"), saved_by_two)  # resharded exactly, slots too
+    assert_saved_again(rows_of(ckpt, "model.ckpt-5"), saved_by_two, 5)  # resharded exactly, slots too
     report = inspect(ckpt)
     assert report.returncode == 0 and "model.ckpt-5: step 5, world size 1, OK" in report.stdout, report.stdout
 
@@ -108,8 +108,10 @@ def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tabl
     """2 slots, then rank 1 dies at step 12 while discovery says 1 slot: the job goes on with 1 rank
     from checkpoint 10; 2 slots again: the ranks save and stop, and the job ends on 2. Each stretch
     is bitwise what a user gets restarting by hand on those ranks from the same checkpoint; with
-    admission, eviction and an SSD tier, admission counts, timestamps and every tier's rows too."""
-    env = {}
+    admission, eviction and an SSD tier, admission counts, timestamps and every tier's rows too.
+    In memory the planner places the table (init(sharding_plan="auto")), again at every attempt:
+    replicated on 2 ranks, row-wise on 1, replicated again after the grow."""
+    env = {"SHARDING_PLAN": "auto"}
     if tables == "admission-eviction-ssd":
         (tmp_path / "ssd").mkdir()
         env = {"ACCESS_THRESHOLD": "2", "EVICT_AFTER": "4", "SSD_DIR": str(tmp_path / "ssd")}
@@ -143,13 +145,17 @@ def test_a_job_shrinks_onto_the_slots_left_and_grows_back_exactly(tmp_path, tabl
                       stderr)
     # Said exactly when steps were lost (a kill heard right after the save loses none).
     assert lost == ([(str(first["steps_lost"]), str(first["reached_step"]))] if first["steps_lost"] else []), lost
-    if env:
+    if "SSD_DIR" in env:
         got = rows_of(tmp_path / "elastic-ckpt", f"model.ckpt-{grown_at}")
         assert {"counts", "last_seen", "pending_keys"} <= set(got) and got["counts"].min() >= 2, sorted(got)
         summary_tiers = summary.get("tiers", {}).get("emb", {})
         assert summary_tiers, summary  # the SSD tier was in use
         assert summary["admission"]["emb"]["evicted"] > 0, summary  # keys unseen for 4 steps went
         assert 0 <= got["last_seen"].min() and got["last_seen"].max() < 30, got["last_seen"]  # steps, not wall time
+    if "SHARDING_PLAN" in env:  # the planner placed the table again at each attempt, for its world
+        for attempt, placement in ((0, "replicated"), (1, "row_wise"), (2, "replicated")):
+            log = (run / f"attempt-{attempt}" / "rank-0.log").read_text()
+            assert re.search(rf"\nemb +{placement} .* planner", log), log[-3000:]
     assert_same_training(tmp_path / "elastic-ckpt", tmp_path, 10, grown_at, out, env)
 
 
@@ -240,7 +246,8 @@ def test_a_discovery_script_that_fails_hangs_or_prints_garbage_is_named_and_the_
                            ("garbage", "line 1 'not a host!' is not `host` or `host:slots` (slots >= 1)"),
                            ("hang", "no answer in 10 s")):
             mode.write_text(what)
-            wait_for(lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text(), proc, 60, said)
+            # 120 s: this VM's host stalls it for up to 90 s now and then (the kernel's "workqueue lockup").
+            wait_for(lambda: (run / "hosts.log").exists() and said in (run / "hosts.log").read_text(), proc, 120, said)
         mode.write_text("")
         _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-4000:]

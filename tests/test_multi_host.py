@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from elastic_helpers import assert_rows_equal, assert_same_training, beat_step, rows_of, started
+from elastic_helpers import assert_same_training, assert_saved_again, beat_step, rows_of, started
 from netns_hosts import NetnsHosts
 from shardrec.orchestrator.supervisor import latest_checkpoint
 from supervisor_helpers import RUN, assert_gone, assert_same_final_state, attempt_pids, job_args, run_env, train
@@ -156,7 +156,7 @@ def lose_a_host_and_get_it_back(tmp_path, hosts, n):
         back_in = time.monotonic() - lost_at
         wait_for(lambda: sorted(os.listdir(ckpt / f"sparse-model.ckpt-{restored}")) ==
                  [f"rank-{r}-of-{n - 1}" for r in range(n - 1)], proc, 30, "the smaller set's save of the step restored")
-        assert_rows_equal(rows_of(ckpt, f"model.ckpt-{restored}"), saved[restored])
+        assert_saved_again(rows_of(ckpt, f"model.ckpt-{restored}"), saved[restored], restored)
         hosts.restore(n - 1)
         listing.write_text("".join(f"{h}\n" for h in names))
         returned_at = time.monotonic()
@@ -168,7 +168,7 @@ def lose_a_host_and_get_it_back(tmp_path, hosts, n):
         wait_for(lambda: beat_step(run, 2) > grown_at, proc, 120, f"training on {n} ranks again")
         full_in = time.monotonic() - returned_at
         assert sorted(os.listdir(ckpt / f"sparse-{name}")) == [f"rank-{r}-of-{n}" for r in range(n)]
-        assert_rows_equal(rows_of(ckpt, name), saved_grow)
+        assert_saved_again(rows_of(ckpt, name), saved_grow, grown_at)
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

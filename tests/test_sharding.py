@@ -109,19 +109,26 @@ def check_against_plain_tensorflow(parts, n, opt):
         assert all(k % n == rank for k in part["a.keys"].tolist())
 
 
-def test_the_planners_plan_is_printed_and_trains_as_plain_tensorflow(tmp_path):
-    """init(sharding_plan="auto"), no table placed by create_table: rank 0 prints the planner's plan
-    (these small tables replicated on 2 ranks) and the model still follows plain TensorFlow."""
-    proc = check(mpiexec(2, "placement_oracle.py", tmp_path, "auto", "--sharding", "", "--plan", "auto",
-                         timeout=240))
+def test_the_planners_plan_is_printed_keeps_a_group_together_and_trains_as_plain_tensorflow(tmp_path):
+    """init(sharding_plan="auto") on 2 ranks: table a table-wise on the rank the planner finds least
+    loaded, b in a's sharding group (so on a's rank, where alone the planner replicates it), c left
+    to the planner (replicated, as these small tables are): rank 0 prints the plan with who chose
+    each placement and the group, and the model still follows plain TensorFlow."""
+    proc = check(mpiexec(2, "placement_oracle.py", tmp_path, "auto", "--sharding", "a=table_wise", "--plan", "auto",
+                         "--groups", "a=g,b=g", timeout=240))
     plan = proc.stderr[proc.stderr.index("sharding plan for 2 rank(s), 3 table(s)"):]
-    for table in job.TABLES:
-        assert re.search(rf"\n{table} +replicated +0,1 +120 +4 +18 .* planner", plan), plan[:2000]
+    for table, placement, ranks, by, group in (("a", "table_wise on rank 0", "0", "user", "g"),
+                                               ("b", "table_wise on rank 0", "0", "group", "g"),
+                                               ("c", "replicated", "0,1", "planner", "-")):
+        assert re.search(rf"\n{table} +{placement} +{ranks} +120 +4 +18 .* {by} +{group}\n", plan), plan[:2000]
     assert "imbalance (most loaded rank's estimate / mean)" in plan
     parts = [dict(np.load(os.path.join(tmp_path, f"auto-sgd-plain-rank{r}-of2.npz"))) for r in range(2)]
+    assert [str(p["b.placement"]) for p in parts] == ["table_wise on rank 0"] * 2
+    assert len(parts[1]["a.keys"]) == len(parts[1]["b.keys"]) == 0 < len(parts[0]["b.keys"])
     reference, _ = plain_tensorflow("sgd")
     for table in job.TABLES:
         rows = held(parts, table)
+        assert rows.keys() == reference[table].keys(), table
         for key, row in reference[table].items():
             np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{table} key {key}")
 
@@ -294,3 +301,55 @@ def test_a_table_that_fits_nowhere_names_its_bytes_and_the_budgets():
                                         r"under any placement allowed \(replicated: 112000000 bytes on its fullest "
                                         r"rank\); the budgets are \[50000000, 50000000\] bytes per rank"):
         plan_sharding(shapes, 2, memory_budget=50_000_000, model=CostModel())
+
+
+def test_a_group_is_placed_as_one_unit_within_the_constraints_of_each_table():
+    """Two tables that must be table-wise go to different ranks alone and to one rank as a group; a
+    member's rank decides the group's; the plan keeps the group through its file."""
+    apart = plan_sharding([TableShape("x", 5000, 16, sharding="table_wise"),
+                           TableShape("y", 5000, 16, sharding="table_wise")], 2)
+    assert {apart.placement("x").rank, apart.placement("y").rank} == {0, 1}
+    shapes = [TableShape("x", 5000, 16, sharding="table_wise", group="g"),
+              TableShape("y", 5000, 16, group="g"), TableShape("z", 40, 16, ids_per_step=64)]
+    together = plan_sharding(shapes, 2)
+    assert together.placement("x") == together.placement("y") and together.placement("x").kind == "table_wise"
+    assert [together.tables[n].group for n in "xyz"] == ["g", "g", None]
+    pinned = plan_sharding([TableShape("x", 5000, 16, group="g"),
+                            TableShape("y", 5000, 16, sharding="table_wise", rank=1, group="g")], 2)
+    assert pinned.placement("x").describe() == pinned.placement("y").describe() == "table_wise on rank 1"
+    alone = plan_sharding([TableShape("x", 50, 8, sharding="table_wise", group="g"), TableShape("y", 50, 8, group="g"),
+                           TableShape("z", 50, 8)], 1)  # one rank: every placement is allowed, row-wise chosen
+    assert [alone.placement(n).describe() for n in "xyz"] == ["table_wise on rank 0"] * 2 + ["row_wise"]
+    again = ShardingPlan.from_json(together.to_json(), "round trip")
+    assert again.to_json() == together.to_json() and "g" in together.render().splitlines()[2]
+
+
+def test_a_group_whose_tables_cannot_share_a_placement_is_refused_naming_them():
+    with pytest.raises(PlanError, match=r"group 'g': its tables \['x', 'y'\] are placed together, but their sharding= "
+                                        r"constraints allow no placement in common \('x': 'replicated', 'y': "
+                                        r"'table_wise' on rank 1\)"):
+        plan_sharding([TableShape("x", 50, 8, sharding="replicated", group="g"),
+                       TableShape("y", 50, 8, sharding="table_wise", rank=1, group="g")], 2)
+    with pytest.raises(PlanError, match=r"group 'g' \(tables \['x', 'y'\], placed together, 22400 bytes of rows\) "
+                                        r"fits in no rank's memory budget"):
+        plan_sharding([TableShape("x", 100, 8, sharding="table_wise", group="g"),
+                       TableShape("y", 100, 8, group="g")], 2, memory_budget=15000)
+    with pytest.raises(PlanError, match=r"table 'x': sharding group ''; allowed: a non-empty string"):
+        plan_sharding([TableShape("x", 100, 8, group="")], 2)
+    split = {"world_size": 2, "tables": {"x": {"sharding": "row_wise", "group": "g"},
+                                         "y": {"sharding": "table_wise", "rank": 0, "group": "g"}}}
+    with pytest.raises(PlanError, match=r"p.json: group 'g' places its tables apart \('x': row_wise, 'y': "
+                                        r"table_wise on rank 0\)"):
+        ShardingPlan.from_json(split, "p.json")
+
+
+def test_create_table_places_a_later_table_of_a_group_where_the_first_went(runtime):
+    first = make_table("x", sharding="replicated", sharding_group="g")
+    second = make_table("y", sharding_group="g")
+    assert first.placement == second.placement and second.plan.chosen_by == "group" and second.plan.group == "g"
+    assert make_table("z", sharding_group="h").placement.kind == "row_wise"
+    with pytest.raises(ValueError, match=r"table 'w': sharding= 'row_wise', but sharding group 'g' placed table 'x' "
+                                         r"replicated and a group's tables share one placement"):
+        make_table("w", sharding="row_wise", sharding_group="g")
+    with pytest.raises(ValueError, match=r"table 'v': sharding group 7; allowed: a non-empty string"):
+        make_table("v", sharding_group=7)

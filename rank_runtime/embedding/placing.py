@@ -1,16 +1,21 @@
 """A new table's placement (formats/sharding_plan.py), decided when create_table makes it: from its
 own sharding= (and sharding_rank=), else from init(sharding_plan=)'s plan, else, with
 sharding_plan="auto", by the planner (planner.py) given the tables made before it, else row-wise.
-The same on every rank: each rank makes the same tables in the same order from the same inputs.
+A table of a sharding group made after another of the group takes that one's placement (given
+constraints must agree with it). The same on every rank: each rank makes the same tables in the
+same order from the same inputs.
 
 A replicated table's rows start the same on every rank: drawn from the table's name (and the
 initializer's seed), not from TensorFlow's per-process random state, so that the replicas are
 equal before the first step as after every step.
 """
+import dataclasses
+
 import psutil
 import tensorflow as tf
 
-from ..formats.sharding_plan import REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError, ShardingPlan, TablePlan
+from ..formats.sharding_plan import (REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError, ShardingPlan, TablePlan,
+                                     check_group)
 from ..process.config import RuntimeConfig
 from ..process.world import get_world
 from .planner import CostModel, Loads, TableShape, table_cost
@@ -18,31 +23,50 @@ from .row_store import row_init
 
 
 def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, rows: int, dim: int,
-                 row_bytes: int) -> TablePlan:
-    """The plan entry of table `name` (`rows` rows of `dim`, `row_bytes` bytes a row)."""
-    plan = cfg.sharding_plan
-    planned = plan.placement(name) if plan is not None else None
-    shape = TableShape(name, rows, dim, row_bytes, cfg.graph_state().ids_per_step(name), sharding=sharding,
-                       rank=rank)
+                 row_bytes: int, group: object = None, ssd: bool = False) -> TablePlan:
+    """The plan entry of table `name` (`rows` rows of `dim`, `row_bytes` bytes a row, of sharding
+    group `group` or of none, with an SSD tier or not)."""
+    check_group(name, group)
     if sharding is None and rank is not None:
         raise PlanError(f"table {name!r}: sharding_rank={rank!r} places a table-wise table; give "
                         f"sharding={TABLE_WISE!r} with it")
-    if sharding is not None:
-        given = Placement.checked(name, sharding, rank, cfg.size)
-        if planned is not None and not _agree(planned, given):
-            raise PlanError(f"table {name!r}: sharding={given.describe()!r} disagrees with the sharding plan's "
-                            f"{planned.describe()!r}; give one of them")
-        if given.kind != TABLE_WISE or given.rank is not None:
-            return TablePlan(given, None, "user")
-        return _loads(cfg).place(shape, CostModel(), "user")  # the least loaded rank
+    given = Placement.checked(name, sharding, rank, cfg.size) if sharding is not None else None
+    plan = cfg.sharding_plan
+    planned = plan.tables.get(name) if plan is not None else None
     if plan is not None:
         if planned is None:
             raise PlanError(f"table {name!r}: the sharding plan does not place it; it places "
                             f"{sorted(plan.tables)}. Add the table to the plan (or give create_table sharding=)")
-        return TablePlan(planned, plan.tables[name].cost, plan.tables[name].chosen_by)
-    if cfg.sharding_auto:
-        return _loads(cfg).place(shape, CostModel())
-    return TablePlan(Placement(ROW_WISE), None, "default")
+        if None not in (planned.group, group) and planned.group != group:
+            raise PlanError(f"table {name!r}: the sharding plan puts it in sharding group {planned.group!r}, "
+                            f"create_table in {group!r}; give the same group (or none) to one of them")
+        group = group if group is not None else planned.group
+    if given is not None and planned is not None and not _agree(planned.placement, given):
+        raise PlanError(f"table {name!r}: sharding={given.describe()!r} disagrees with the sharding plan's "
+                        f"{planned.placement.describe()!r}; give one of them")
+    shape = TableShape(name, rows, dim, row_bytes, cfg.graph_state().ids_per_step(name), sharding=sharding,
+                       rank=rank, ssd=ssd)
+    earlier = sorted((other, t.plan.placement) for other, t in cfg.tables.items()
+                     if group is not None and t.plan.group == group)
+    if earlier:  # the group is placed: this table joins it
+        first, placement = earlier[0]
+        for by, constraint in (("sharding=", given), ("the sharding plan's", planned and planned.placement)):
+            if constraint is not None and not _agree(placement, constraint):
+                raise PlanError(f"table {name!r}: {by} {constraint.describe()!r}, but sharding group {group!r} "
+                                f"placed table {first!r} {placement.describe()} and a group's tables share one "
+                                "placement; give them one placement, or take the table out of the group")
+        return TablePlan(placement, table_cost(shape, placement, cfg.size, CostModel()), "group", group)
+    if given is not None and (given.kind != TABLE_WISE or given.rank is not None):
+        entry = TablePlan(given, None, "user")
+    elif given is not None:
+        entry = _loads(cfg).place(shape, CostModel(), "user")  # the least loaded rank
+    elif planned is not None:
+        entry = TablePlan(planned.placement, planned.cost, planned.chosen_by)
+    elif cfg.sharding_auto:
+        entry = _loads(cfg).place(shape, CostModel())
+    else:
+        entry = TablePlan(Placement(ROW_WISE), None, "default")
+    return dataclasses.replace(entry, group=group)
 
 
 def _agree(planned: Placement, given: Placement) -> bool:
@@ -101,7 +125,7 @@ def job_plan(cfg: RuntimeConfig, tables: dict) -> ShardingPlan:
         shape = TableShape(name, table.vocabulary_rows, table.dim,
                            table.store.bytes_per_row, state.ids_per_step(name))
         entry = TablePlan(table.placement, table_cost(shape, table.placement, cfg.size, CostModel()),
-                          table.plan.chosen_by)
+                          table.plan.chosen_by, table.plan.group)
         table.plan = entry
         entries[name] = entry
     return ShardingPlan(cfg.size, entries)

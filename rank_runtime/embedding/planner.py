@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..formats.sharding_plan import (REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError, ShardingPlan,
-                                     TableCost, TablePlan)
+                                     TableCost, TablePlan, check_group)
 
 KEY_BYTES = 8
 
@@ -42,7 +42,10 @@ class TableShape:
     """What the planner knows of a table: `rows` (its vocabulary), `dim`, `row_bytes` (a row's memory
     with optimizer slots and metadata; default: float32 values and two slots), the ids of its
     features in one rank's batch (`ids_per_step`, 0: unknown, taken as `rows`), and optionally the
-    distinct ids measured per batch and a constraint (`sharding`, and `rank` for a table-wise one)."""
+    distinct ids measured per batch and constraints: `sharding` (and `rank` for a table-wise one), and
+    `group`, a name shared by tables placed together (one placement for all: for a table-wise group,
+    one rank, so that the features that read them are looked up on one rank); `ssd`: the table has an
+    SSD tier, which a replicated table cannot have."""
     name: str
     rows: int
     dim: int
@@ -51,6 +54,8 @@ class TableShape:
     distinct_per_step: Optional[int] = None
     sharding: Optional[str] = None
     rank: Optional[int] = None
+    group: Optional[str] = None
+    ssd: bool = False
 
     @property
     def bytes_per_row(self) -> int:
@@ -103,9 +108,10 @@ def _candidates(shape: TableShape, world_size: int) -> List[Placement]:
         if given.kind == TABLE_WISE and given.rank is None:
             return [Placement(TABLE_WISE, r) for r in range(world_size)]
         return [given]
-    if world_size == 1:
-        return [Placement(ROW_WISE)]
-    return [Placement(ROW_WISE), Placement(REPLICATED)] + [Placement(TABLE_WISE, r) for r in range(world_size)]
+    # On one rank every placement costs the same: row-wise wins the tie, the others stay allowed
+    # for a group whose other tables ask for them.
+    replicated = [] if shape.ssd else [Placement(REPLICATED)]
+    return [Placement(ROW_WISE)] + replicated + [Placement(TABLE_WISE, r) for r in range(world_size)]
 
 
 class Loads:
@@ -127,40 +133,67 @@ class Loads:
     def place(self, shape: TableShape, model: CostModel, chosen_by: str = "planner") -> TablePlan:
         """The candidate placement of `shape` that leaves the most loaded rank least loaded (ties: the
         least total cost, then the first candidate), within every rank's memory budget."""
-        best: Optional[Tuple[Tuple[float, float, int], Placement, TableCost]] = None
-        tried = []
-        for i, placement in enumerate(_candidates(shape, self.world_size)):
-            cost = table_cost(shape, placement, self.world_size, model)
-            memory = self.memory + np.asarray(cost.memory, dtype=np.int64)
-            tried.append((placement, cost))
-            if self.budget is not None and bool(np.any(memory > self.budget)):
-                continue
-            seconds = self.seconds + np.asarray(cost.seconds)
-            key = (round(float(seconds.max()), 12), round(float(sum(cost.seconds)), 12), i)
-            if best is None or key < best[0]:
-                best = (key, placement, cost)
-        if best is None:
-            raise PlanError(self._fits_nowhere(shape, tried))
-        _, placement, cost = best
-        self.seconds += np.asarray(cost.seconds)
-        self.memory += np.asarray(cost.memory, dtype=np.int64)
-        return TablePlan(placement, cost, chosen_by if shape.sharding is None else "user")
+        return self.place_together([shape], model, chosen_by)[shape.name]
 
-    def _fits_nowhere(self, shape: TableShape, tried) -> str:
+    def place_together(self, shapes: Sequence[TableShape], model: CostModel,
+                       chosen_by: str = "planner") -> Dict[str, TablePlan]:
+        """One placement for all of `shapes` (a group: their costs added up), chosen as place() chooses
+        one table's, among the placements every one of them allows."""
+        best: Optional[Tuple[Tuple[float, float, int], Placement, List[TableCost]]] = None
+        tried = []
+        for i, placement in enumerate(_common_candidates(shapes, self.world_size)):
+            costs = [table_cost(shape, placement, self.world_size, model) for shape in shapes]
+            added = np.sum([c.memory for c in costs], axis=0, dtype=np.int64)
+            tried.append((placement, added))
+            if self.budget is not None and bool(np.any(self.memory + added > self.budget)):
+                continue
+            spent = np.sum([c.seconds for c in costs], axis=0)
+            seconds = self.seconds + spent
+            key = (round(float(seconds.max()), 12), round(float(spent.sum()), 12), i)
+            if best is None or key < best[0]:
+                best = (key, placement, costs)
+        if best is None:
+            raise PlanError(self._fits_nowhere(shapes, tried))
+        _, placement, costs = best
+        for cost in costs:
+            self.seconds += np.asarray(cost.seconds)
+            self.memory += np.asarray(cost.memory, dtype=np.int64)
+        return {shape.name: TablePlan(placement, cost, chosen_by if shape.sharding is None else "user", shape.group)
+                for shape, cost in zip(shapes, costs)}
+
+    def _fits_nowhere(self, shapes: Sequence[TableShape], tried) -> str:
         assert self.budget is not None
-        needs = "; ".join(f"{p.describe()}: {max(c.memory)} bytes on its fullest rank" for p, c in tried)
+        needs = "; ".join(f"{p.describe()}: {int(max(m))} bytes on its fullest rank" for p, m in tried)
         free = [int(b - m) for b, m in zip(self.budget, self.memory)]
-        return (f"table {shape.name!r} ({shape.rows} rows of {shape.bytes_per_row} bytes) fits in no rank's memory "
-                f"budget under any placement allowed ({needs}); the budgets are {[int(b) for b in self.budget]} "
-                f"bytes per rank, of which {free} are still free after the tables placed before it. Raise the "
-                "budget, add ranks, or shrink the table")
+        what = (f"table {shapes[0].name!r} ({shapes[0].rows} rows of {shapes[0].bytes_per_row} bytes)"
+                if len(shapes) == 1 else
+                f"group {shapes[0].group!r} (tables {[s.name for s in shapes]}, placed together, "
+                f"{sum(s.rows * s.bytes_per_row for s in shapes)} bytes of rows)")
+        return (f"{what} fits in no rank's memory budget under any placement allowed ({needs}); the budgets are "
+                f"{[int(b) for b in self.budget]} bytes per rank, of which {free} are still free after the tables "
+                "placed before it. Raise the budget, add ranks, or shrink the table")
+
+
+def _common_candidates(shapes: Sequence[TableShape], world_size: int) -> List[Placement]:
+    """The placements every one of `shapes` allows, in the first one's order; none is a PlanError
+    naming the group and each table's constraint."""
+    allowed = [_candidates(shape, world_size) for shape in shapes]
+    common = [p for p in allowed[0] if all(p in other for other in allowed[1:])]
+    if not common:
+        given = ", ".join(f"{s.name!r}: {s.sharding!r}" + (f" on rank {s.rank}" if s.rank is not None else "")
+                          for s in shapes if s.sharding is not None)
+        raise PlanError(f"group {shapes[0].group!r}: its tables {[s.name for s in shapes]} are placed together, but "
+                        f"their sharding= constraints allow no placement in common ({given}); give them one "
+                        "placement, or take a table out of the group")
+    return common
 
 
 def plan_sharding(tables: Sequence[TableShape], world_size: int, memory_budget: Union[None, int, Sequence[int]] = None,
                   model: CostModel = CostModel()) -> ShardingPlan:
     """A plan for `tables` on `world_size` ranks: tables in order of their row-wise cost, largest
-    first (then by name), each placed where the most loaded rank stays least loaded. Deterministic:
-    every rank that plans the same tables gets the same plan."""
+    first (then by name), each placed where the most loaded rank stays least loaded; the tables of a
+    group (TableShape.group) as one, by their summed cost. Deterministic: every rank that plans the
+    same tables gets the same plan."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise PlanError(f"plan_sharding: world_size {world_size!r} is not a number of ranks; allowed: an int >= 1")
     names = [t.name for t in tables]
@@ -169,13 +202,18 @@ def plan_sharding(tables: Sequence[TableShape], world_size: int, memory_budget: 
     for t in tables:
         _check_shape(t)
 
-    def weight(t: TableShape) -> Tuple[float, str]:
-        return (-sum(table_cost(t, Placement(ROW_WISE), world_size, model).seconds), t.name)
+    units: Dict[str, List[TableShape]] = {}
+    for t in tables:  # a group is placed as one unit; a table of no group alone
+        units.setdefault(f"group {t.group}" if t.group is not None else f"table {t.name}", []).append(t)
+
+    def weight(unit: List[TableShape]) -> Tuple[float, str]:
+        return (-sum(sum(table_cost(t, Placement(ROW_WISE), world_size, model).seconds) for t in unit),
+                min(t.name for t in unit))
 
     loads = Loads(world_size, memory_budget)
     placed: Dict[str, TablePlan] = {}
-    for shape in sorted(tables, key=weight):
-        placed[shape.name] = loads.place(shape, model)
+    for unit in sorted(units.values(), key=weight):
+        placed.update(loads.place_together(sorted(unit, key=lambda t: t.name), model))
     return ShardingPlan(world_size, placed)
 
 
@@ -186,4 +224,5 @@ def _check_shape(t: TableShape) -> None:
             raise PlanError(f"table {t.name!r}: {field_name} {value!r}; allowed: an int >= 1")
     if isinstance(t.ids_per_step, bool) or not isinstance(t.ids_per_step, int) or t.ids_per_step < 0:
         raise PlanError(f"table {t.name!r}: ids_per_step {t.ids_per_step!r}; allowed: an int >= 0 (0: unknown)")
+    check_group(t.name, t.group)
 

@@ -290,12 +290,15 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
                  shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, sharding: Optional[str] = None,
-                 sharding_rank: Optional[int] = None, **kwargs) -> "EmbeddingTable":
+                 sharding_rank: Optional[int] = None, sharding_group: Optional[str] = None,
+                 **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
     float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py). sharding:
     'row_wise', 'table_wise' (on sharding_rank, or the least loaded rank) or 'replicated'; None:
-    init(sharding_plan=)'s plan, the planner with sharding_plan='auto', else row-wise (placing.py)."""
+    init(sharding_plan=)'s plan, the planner with sharding_plan='auto', else row-wise (placing.py).
+    sharding_group: a name; the tables of one group are placed together (the first one made decides,
+    the later ones take its placement: a table-wise group lives on one rank)."""
     owner = "create_table"
     export = export_view.view_of()
     if export is not None:  # a graph a serving export builds: the table's rows come from the checkpoint
@@ -330,7 +333,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
     plan = placing.placement_of(cfg, name, sharding, sharding_rank, device_vocabulary_size + host_vocabulary_size,
-                                dim, 0)
+                                dim, 0, sharding_group, ssd_vocabulary_size > 0)
     placement = plan.placement
     placing.check_placement(owner, name, placement, ssd_vocabulary_size > 0)
     # On a CPU host the device and host tiers are both this process's memory: their sum is the

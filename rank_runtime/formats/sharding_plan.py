@@ -122,14 +122,24 @@ class TableCost:
                    int(raw["exchanges"]))
 
 
+def check_group(table: str, group: object) -> None:
+    """A group name (tables placed together) is a non-empty string."""
+    if group is not None and (not isinstance(group, str) or not group):
+        raise PlanError(f"table {table!r}: sharding group {group!r}; allowed: a non-empty string naming the tables "
+                        "placed together, or None")
+
+
 @dataclass(frozen=True)
 class TablePlan:
     placement: Placement
     cost: Optional[TableCost] = None  # None: placed by the user with nothing known of its traffic
-    chosen_by: str = "planner"        # "planner", "user" (sharding=), "plan file"
+    chosen_by: str = "planner"        # "planner", "user" (sharding=), "plan file", "group"
+    group: Optional[str] = None       # the tables of one group share one placement
 
     def to_json(self) -> dict:
         out = dict(self.placement.to_json(), chosen_by=self.chosen_by)
+        if self.group is not None:
+            out["group"] = self.group
         if self.cost is not None:
             out["cost"] = self.cost.to_json()
         return out
@@ -144,7 +154,12 @@ class TablePlan:
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"{source}: table {table!r}: its cost estimate is damaged ({e!r})") from None
         chosen_by = raw.get("chosen_by", "plan file")
-        return cls(placement, parsed, chosen_by if isinstance(chosen_by, str) else "plan file")
+        group = raw.get("group")
+        try:
+            check_group(table, group)
+        except PlanError as e:
+            raise PlanError(f"{source}: {e}") from None
+        return cls(placement, parsed, chosen_by if isinstance(chosen_by, str) else "plan file", group)
 
 
 @dataclass(frozen=True)
@@ -186,8 +201,22 @@ class ShardingPlan:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise PlanError(f"{source}: the plan's world_size {size!r} is not a number of ranks")
         same_world = raw.get("world_size") == size
-        return cls(size, {name: TablePlan.from_json(name, entry, size, source, same_world)
+        plan = cls(size, {name: TablePlan.from_json(name, entry, size, source, same_world)
                           for name, entry in raw["tables"].items()})
+        plan.check_groups(source)
+        return plan
+
+    def check_groups(self, source: str) -> None:
+        """The tables of each group share one placement, or a PlanError names them and theirs."""
+        groups: Dict[str, Dict[str, Placement]] = {}
+        for name, entry in sorted(self.tables.items()):
+            if entry.group is not None:
+                groups.setdefault(entry.group, {})[name] = entry.placement
+        for group, members in sorted(groups.items()):
+            if len(set(members.values())) > 1:
+                raise PlanError(f"{source}: group {group!r} places its tables apart ("
+                                + ", ".join(f"{n!r}: {p.describe()}" for n, p in members.items())
+                                + "); the tables of a group share one placement")
 
     @classmethod
     def load(cls, path: str, world_size: int) -> "ShardingPlan":
@@ -218,17 +247,17 @@ class ShardingPlan:
         w = self.world_size
         lines = [f"sharding plan for {w} rank(s), {len(self.tables)} table(s)",
                  f"{'table':<24} {'placement':<22} {'ranks':<12} {'rows':>11} {'dim':>5} {'ids/step':>9} "
-                 f"{'distinct':>9} {'MB/rank':>9} {'KB sent/step':>13} {'chosen by':<10}"]
+                 f"{'distinct':>9} {'MB/rank':>9} {'KB sent/step':>13} {'chosen by':<10} group"]
         for name, entry in sorted(self.tables.items()):
             p, c = entry.placement, entry.cost
-            ranks = _ranks_text(p.ranks(w))
+            ranks, group = _ranks_text(p.ranks(w)), entry.group or "-"
             if c is None:
                 lines.append(f"{name:<24} {p.describe():<22} {ranks:<12} {'?':>11} {'?':>5} {'?':>9} {'?':>9} "
-                             f"{'?':>9} {'?':>13} {entry.chosen_by:<10}")
+                             f"{'?':>9} {'?':>13} {entry.chosen_by:<10} {group}")
                 continue
             lines.append(f"{name:<24} {p.describe():<22} {ranks:<12} {c.rows:>11} {c.dim:>5} {c.ids_per_step:>9} "
                          f"{c.distinct_per_step:>9} {max(c.memory) / 2**20:>9.2f} {sum(c.bytes_sent) / 1024:>13.1f} "
-                         f"{entry.chosen_by:<10}")
+                         f"{entry.chosen_by:<10} {group}")
         memory, sent, seconds = self.per_rank()
         lines.append(f"{'rank':<6} {'MB':>10} {'KB sent/step':>13} {'est. ms/step':>13}")
         for r in range(w):

@@ -4,11 +4,11 @@ so that any placement and rank count must reproduce plain TensorFlow on the glob
 
     mpiexec -np N python placement_oracle.py OUT TAG [--sharding a=row_wise,b=table_wise:1,c=replicated]
         [--plan auto|PATH] [--opt sgd[,lazy_adam]] [--modes plain[,admission,expansion]] [--save PREFIX] [--restore PATH]
-        [--value-dtype bfloat16|float16] [--last-rank-sharding ...]
+        [--value-dtype bfloat16|float16] [--last-rank-sharding ...] [--groups a=g,b=g]
 
 --sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
 the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
-row-wise. Writes OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one
+row-wise; --groups gives tables a create_table(sharding_group=). Writes OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one
 process): per table its keys and every column of its rows, the dense weights, the steps run.
 """
 import argparse
@@ -87,6 +87,7 @@ def parse():
     p.add_argument("--sharding")
     p.add_argument("--last-rank-sharding", help="--sharding of the last rank alone (ranks that disagree)")
     p.add_argument("--plan")
+    p.add_argument("--groups", default="", help="each table's sharding_group: a=g,b=g")
     p.add_argument("--opt", default="sgd", help="sgd, lazy_adam or both (sgd,lazy_adam)")
     p.add_argument("--modes", default="plain", help="plain, admission, expansion, or several (plain,admission)")
     p.add_argument("--save")
@@ -105,9 +106,11 @@ def train(args, opt, mode, tag):
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset.map(get_asc_insert_func(specs, is_training=True)))
     batch = iterator.get_next()
     given = shardings(args.last_rank_sharding if args.last_rank_sharding and rank == size - 1 else args.sharding, size)
+    groups = dict(item.split("=") for item in filter(None, args.groups.split(",")))
     tables = [create_table(tf.int64, DIM, name, tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=120,
                            all2all_gradients_op="sum_gradients_and_div_by_ranksize", value_dtype=args.value_dtype,
-                           sharding=given.get(name, (None, None))[0], sharding_rank=given.get(name, (None, None))[1])
+                           sharding=given.get(name, (None, None))[0], sharding_rank=given.get(name, (None, None))[1],
+                           sharding_group=groups.get(name))
               for name in TABLES]
     loss, w = model(batch, tables, specs)
     dense, sparse = get_dense_and_sparse_variable()

@@ -61,7 +61,7 @@ class SavesOnlyOnSchedule(tf.compat.v1.train.CheckpointSaverHook):
 
 def main(checkpoint_dir, out_dir):
     tf.compat.v1.disable_eager_execution()
-    init()
+    init(sharding_plan=os.environ.get("SHARDING_PLAN"))
     rank, size = get_rank_id(), get_rank_size()
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     start = int(latest.rsplit("-", 1)[1]) if latest else 0
