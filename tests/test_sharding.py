@@ -353,3 +353,12 @@ def test_create_table_places_a_later_table_of_a_group_where_the_first_went(runti
         make_table("w", sharding="row_wise", sharding_group="g")
     with pytest.raises(ValueError, match=r"table 'v': sharding group 7; allowed: a non-empty string"):
         make_table("v", sharding_group=7)
+
+
+def test_a_plan_file_s_groups_reach_the_tables_and_a_different_group_is_refused(graph, tmp_path):
+    lifecycle.init(sharding_plan=write_plan(tmp_path / "p.json", {"x": {"sharding": "replicated", "group": "g"},
+                                                                  "y": {"sharding": "replicated", "group": "g"}}))
+    assert make_table("x").plan.group == "g"  # the plan's group, create_table naming none
+    with pytest.raises(ValueError, match=r"table 'y': the sharding plan puts it in sharding group 'g', create_table in "
+                                         r"'h'; give the same group \(or none\) to one of them"):
+        make_table("y", sharding_group="h")
