@@ -38,7 +38,8 @@ def assert_saved_again(got, want, step):
 
     from mpi_helpers import JOBS
 
-    sys.path.insert(0, JOBS)
+    if JOBS not in sys.path:
+        sys.path.insert(0, JOBS)
     from supervised_train import global_batches
 
     assert sorted(got) == sorted(want)

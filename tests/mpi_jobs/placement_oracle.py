@@ -8,8 +8,9 @@ so that any placement and rank count must reproduce plain TensorFlow on the glob
 
 --sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
 the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
-row-wise; --groups gives tables a create_table(sharding_group=). Writes OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one
-process): per table its keys and every column of its rows, the dense weights, the steps run.
+row-wise; --groups gives tables a create_table(sharding_group=). Writes
+OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one process): per table
+its keys and every column of its rows, the dense weights, the steps run.
 """
 import argparse
 import os

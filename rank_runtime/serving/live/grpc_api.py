@@ -30,10 +30,6 @@ def _version_of(spec: model_pb2.ModelSpec) -> Optional[int]:
     return spec.version.value if spec.HasField("version") else None
 
 
-class TooLarge(Exception):
-    """A TensorProto whose declared shape is over the message limit once decoded."""
-
-
 def _array(alias: str, proto: Any, spec: TensorSpecOf, limit: int) -> np.ndarray:
     given = tf.dtypes.as_dtype(proto.dtype) if proto.dtype else None
     if given != spec.dtype:
@@ -46,8 +42,8 @@ def _array(alias: str, proto: Any, spec: TensorSpecOf, limit: int) -> np.ndarray
     # a few bytes could declare terabytes, so the decoded size is bounded as a message is.
     decoded = int(np.prod(dims, dtype=object)) * max(1, spec.dtype.size)
     if decoded > limit:
-        raise TooLarge(f"input {alias!r}: shape {dims} of {spec.dtype.name} is {decoded} bytes decoded, over the "
-                       f"limit of {limit} (shardrec-serve --max-body-mb)")
+        raise PredictError("RESOURCE_EXHAUSTED", f"input {alias!r}: shape {dims} of {spec.dtype.name} is {decoded} "
+                           f"bytes decoded, over the limit of {limit} (shardrec-serve --max-body-mb)")
     try:
         array = tf.make_ndarray(proto)
     except (ValueError, TypeError) as e:
@@ -81,8 +77,6 @@ class _Calls:
                                  f"its outputs are {sorted(signature.outputs)}")
         except InputError as e:
             raise PredictError("INVALID_ARGUMENT", str(e)) from None
-        except TooLarge as e:
-            raise PredictError("RESOURCE_EXHAUSTED", str(e)) from None
         outputs, info = p.predict(signature, feeds, spec.name, _version_of(spec))
         response = predict_pb2.PredictResponse()
         _spec(response.model_spec, spec.name, info, signature.name)
