@@ -178,12 +178,13 @@ def serialized_examples(features):
     return out
 
 
-def _written_once(keys, rows, seed, kind, files, write_file):
+def _written_once(keys, rows, seed, kind, files, write_file, layout=""):
     """The batches written as `files` files into a folder under the temporary directory named by
-    the data's digest (write_file(path, samples) writes one: {"ids", "rows": [samples, fields]}),
-    once: later runs reuse them. Returns the files in reading order."""
+    the data's digest and `layout` (write_file(path, samples) writes one: {"ids", "rows": [samples,
+    fields]}), once: later runs reuse them. Returns the files in reading order."""
     digest = hashlib.sha256(keys.data)
     digest.update(rows.data)
+    digest.update(layout.encode())
     folder = os.path.join(tempfile.gettempdir(), f"shardrec-bench-{kind}", f"{digest.hexdigest()[:16]}-{seed}")
     names = [os.path.join(folder, f"part-{i}.{kind}") for i in range(files)]
     if all(os.path.exists(n) for n in names):
@@ -248,11 +249,13 @@ def write_parquet(keys, rows, seed, files=4, row_group_rows=16384):
     import pyarrow.parquet as pq
 
     def write_file(path, samples):
-        table = pa.table({f"{name}_{f}": np.ascontiguousarray(a[:, f]) for name, a in samples.items()
-                          for f in range(a.shape[1])})
+        arrays = {f"{name}_{f}": pa.array(np.ascontiguousarray(a[:, f])) for name, a in samples.items()
+                  for f in range(a.shape[1])}
+        # Required columns: no definition levels to decode.
+        table = pa.table(arrays, schema=pa.schema([pa.field(n, a.type, nullable=False) for n, a in arrays.items()]))
         pq.write_table(table, path, row_group_size=row_group_rows, use_dictionary=False, compression="none")
 
-    return _written_once(keys, rows, seed, "parquet", files, write_file)
+    return _written_once(keys, rows, seed, "parquet", files, write_file, layout=f"required, {row_group_rows} rows")
 
 
 def parquet_dataset(files, batch, fields, features, shardrec_training):

@@ -66,9 +66,13 @@ def _write(args):
             os.makedirs(os.path.join(args.out, kind, split), exist_ok=True)
         for f in range(args.files):
             rows = slice(f * per_file, min(samples, (f + 1) * per_file))
-            table = pa.table({n: c[rows] for n, c in columns.items()})
-            pq.write_table(table, os.path.join(args.out, "parquet", split, f"part-{f:03d}.parquet"),
-                           row_group_size=args.row_group_rows)
+            # Laid out as the reader wants it (docs/guide/input_formats.md): required columns (no
+            # definition levels), plain encoding, no compression.
+            arrays = {n: pa.array(c[rows]) for n, c in columns.items()}
+            schema = pa.schema([pa.field(n, a.type, nullable=False) for n, a in arrays.items()])
+            pq.write_table(pa.table(arrays, schema=schema),
+                           os.path.join(args.out, "parquet", split, f"part-{f:03d}.parquet"),
+                           row_group_size=args.row_group_rows, use_dictionary=False, compression="none")
             with tf.io.TFRecordWriter(os.path.join(args.out, "tfrecord", split, f"part-{f:03d}.tfrecord")) as w:
                 for r in range(rows.start, rows.stop):
                     feature = {n: tf.train.Feature(float_list=tf.train.FloatList(value=[columns[n][r]]))

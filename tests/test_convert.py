@@ -57,7 +57,18 @@ def test_a_directory_stream_converts_to_parquet_that_reads_as_tensorflow_parses_
         _write(source / str(p) / "events-00000.tfrecord", recs)
     proc = convert(source, "--out", tmp_path / "pq", "--row-group-rows", 128)
     assert proc.returncode == 0, proc.stderr
-    assert "2/2 files, 600 rows" in proc.stderr and "schema: ids fixed_size_list<item: int64>[3]" in proc.stderr
+    assert "2/2 files, 600 rows" in proc.stderr and "schema: ids fixed_size_list<item: int64 not null>[3]" in \
+        proc.stderr
+    fast = convert(source, "--out", tmp_path / "fast", "--row-group-rows", 128, "--compression", "none",
+                   "--no-dictionary")
+    assert fast.returncode == 0, fast.stderr
+    for p in range(2):
+        a, b = (pq.ParquetFile(tmp_path / d / str(p) / "events-00000.parquet") for d in ("pq", "fast"))
+        assert a.read().equals(b.read())
+        chunks = [b.metadata.row_group(g).column(c) for g in range(3) for c in range(b.metadata.num_columns)]
+        assert {c.compression for c in chunks} == {"UNCOMPRESSED"} and not any(c.has_dictionary_page for c in chunks)
+        assert a.metadata.row_group(0).column(0).compression == "SNAPPY"
+        assert not any(f.nullable for f in b.schema_arrow), "required columns: no definition levels"
     for p in range(2):
         path = tmp_path / "pq" / str(p) / "events-00000.parquet"
         assert pq.ParquetFile(path).metadata.num_row_groups == 3

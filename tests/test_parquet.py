@@ -121,6 +121,32 @@ def test_every_row_is_read_by_one_rank_and_a_seeded_shuffle_is_the_same_on_every
     assert read(0, 2, seed=6).tolist() != first.tolist()
 
 
+def test_a_shuffled_read_moves_every_column_of_a_row_together(tmp_path, graph):
+    """Shuffled, with batches that straddle row groups (batch 96, row groups of 64): every row of
+    every kind (ragged lists and their weights, hashed strings, fixed-size lists, a stacked group)
+    arrives whole, each row once, as pyarrow reads it."""
+    from shardrec.rank_runtime import ParquetDataset
+
+    table = _table()
+    _write(tmp_path / "d", table)
+    columns = {"id": "id", "tags": "ids", "tag_w": "floats", "words": "ids", "pair": "ids", "dense": "floats",
+               "cat": ("id", ["small", "user"])}
+    batches = _read_all(ParquetDataset(str(tmp_path / "d"), 96, columns, training=False, shard=(0, 1),
+                                       shuffle_seed=3, drop_remainder=False))
+    got = _flat(batches, "id")
+    want = table.to_pydict()
+    assert sorted(got.tolist()) == sorted(want["id"]) and got.tolist() != want["id"]
+    row = {v: i for i, v in enumerate(want["id"])}
+    for b in batches:
+        lists = {name: b[name].to_list() for name in ("tags", "tag_w", "words")}
+        for k, i in enumerate(row[v] for v in b["id"]):
+            assert lists["tags"][k] == want["tags"][i], (k, i)
+            assert lists["tag_w"][k] == [float(x) for x in want["tag_w"][i]]
+            assert lists["words"][k] == (_hash(want["words"][i]).tolist() if want["words"][i] else [])
+            assert b["pair"][k].tolist() == want["pair"][i] and np.allclose(b["dense"][k], want["dense"][i])
+            assert b["cat"][k].tolist() == [want["small"][i], _hash([want["user"][i]])[0]]
+
+
 def _damage_row_group(path):
     """Overwrites bytes in the middle of the file's first column chunk (its footer stays whole)."""
     meta = pq.ParquetFile(path).metadata.row_group(0).column(0)
@@ -208,6 +234,16 @@ def test_a_batch_is_a_view_of_arrow_s_buffers_or_one_aligned_copy(tmp_path):
     assert np.shares_memory(out["pair"], pair_values)
     for made in ("small", "user", "tags/row_splits"):
         assert out[made].ctypes.data % 64 == 0, made
+    # A batch is cut from the row group's arrays as views: the stacked group, made once, is one.
+    from shardrec.rank_runtime.input.parquet import Piece
+
+    columns.append(Column("small", "id", 0, group="cat", slot=0, width=1))
+    columns[1] = Column("x", "float", 0)
+    piece = Piece.of(table, columns)
+    batch = piece.cut(8, 40).arrays()
+    assert np.shares_memory(batch["id"], arrow["id"]) and np.shares_memory(batch["cat"], piece.arrays()["cat"])
+    assert batch["cat"].ctypes.data % 64 == 0 and batch["tags/row_splits"][0] == 0
+    np.testing.assert_array_equal(batch["cat"][:, 0], np.array(table.column("small"))[8:40])
 
 
 def test_a_group_of_scalar_columns_is_one_stacked_tensor(tmp_path, runtime):

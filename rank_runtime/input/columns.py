@@ -15,14 +15,16 @@ A group, ("id" or "float", [k scalar columns]), stacks its columns as one [B, k]
 26 categorical columns as the one id tensor of a FeatureSpec): a scalar column a field is the
 layout Parquet decodes fastest (no repetition levels), and the stacking is the group's one copy.
 
-Copies, from the file's decoded buffers to the key pipeline's native call, one at most for a batch:
-a column of the declared dtype is a view of Arrow's buffer, which tf.data's generator hands to
-TensorFlow without a copy when it starts on a 64-byte boundary (Arrow allocates so; a batch cut at
-a row whose offset is not a multiple of 64 bytes is copied there, once). Anything this module
-makes (a widened or converted column, hashed strings, a ragged column's row splits) is written
-into a 64-byte aligned array, which TensorFlow then takes as it is. A batch that straddles two
-row groups is joined (one copy; aligned). A shuffled read gathers each batch's rows (one copy,
-aligned); a shuffled batch that straddles two row groups is gathered and then joined (two).
+Copies, from the file's decoded buffers to the key pipeline's native call, one at most for a batch
+that lies in one row group and is read in file order: the reader makes a row group's arrays once
+(batch_arrays) and cuts each batch from them as views. A column of the declared dtype is a view of
+Arrow's buffer, which tf.data's generator hands to TensorFlow without a copy when it starts on a
+64-byte boundary (Arrow allocates so; a batch cut at a row whose offset is not a multiple of 64
+bytes is copied there, once). Anything this module makes (a widened or converted column, hashed
+strings, a group stacked, a ragged column's row splits) is written into a 64-byte aligned array,
+which TensorFlow then takes as it is. A batch that straddles two row groups is joined (one more
+copy; aligned); a shuffled read gathers each batch's rows (one more copy, aligned), and a shuffled
+batch that straddles two row groups is gathered and then joined.
 """
 import ctypes
 import functools
@@ -94,7 +96,7 @@ def column_of(name: str, kind: str, t: pa.DataType, where: str) -> Column:
 
 
 @functools.lru_cache(maxsize=None)
-def _hash_functions():
+def _native():
     from ..embedding import native_ops
 
     native_ops.load()
@@ -105,6 +107,10 @@ def _hash_functions():
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         fn.restype = None
         out[bits] = fn
+    stack = lib.shardrec_stack_columns
+    stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    stack.restype = ctypes.c_int
+    out["stack"] = stack
     return out
 
 
@@ -136,7 +142,7 @@ def string_ids(array: pa.Array) -> np.ndarray:
     out = aligned_empty(n, np.int64)
     data = data_buf.address if data_buf is not None else 0
     if n:
-        _hash_functions()[64 if large else 32](offsets.ctypes.data, data, n, out.ctypes.data)
+        _native()[64 if large else 32](offsets.ctypes.data, data, n, out.ctypes.data)
     return out
 
 
@@ -177,23 +183,40 @@ def null_column(table: pa.Table, columns: Sequence[Column]) -> str:
     return ""
 
 
+def stack_columns(members: Sequence[np.ndarray]) -> np.ndarray:
+    """Equal-length 1-D arrays of one dtype (4 or 8 bytes) as the columns of one aligned
+    row-major array [rows, len(members)], stacked natively a block of rows at a time."""
+    first = members[0]
+    out = aligned_empty((len(first), len(members)), first.dtype)
+    if not len(first):
+        return out
+    contiguous = [np.ascontiguousarray(m) for m in members]
+    pointers = (ctypes.c_void_p * len(contiguous))(*(m.ctypes.data for m in contiguous))
+    if _native()["stack"](pointers, len(contiguous), len(first), first.dtype.itemsize, out.ctypes.data):
+        raise TypeError(f"stack_columns: {first.dtype} values; 4- or 8-byte values are stacked")
+    return out
+
+
 def batch_arrays(table: pa.Table, columns: Sequence[Column]) -> Dict[str, np.ndarray]:
-    """A batch (`table`'s rows) as flat arrays by output name: name, or name/values and
-    name/row_splits for a ragged column, or a group's name for its members stacked (into one
-    aligned array: the group's one copy). One chunk a column is a view; more are joined (a copy)."""
+    """`table`'s rows as flat arrays by output name: name, or name/values and name/row_splits for
+    a ragged column, or a group's name for its members stacked (into one aligned array: the
+    group's one copy). One chunk a column is a view; more are joined (a copy). The reader makes
+    them once a row group (pyarrow's buffers cost microseconds a column) and cuts batches from
+    them with the functions below."""
     out: Dict[str, np.ndarray] = {}
+    groups: Dict[str, List[np.ndarray]] = {}
     for c in columns:
         chunked = table.column(c.name)
         array = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
         arrays = column_arrays(array, c)
         if c.group:
-            if c.group not in out:
-                out[c.group] = aligned_empty((len(array), c.width), c.dtype)
-            out[c.group][:, c.slot] = arrays[0]
+            groups.setdefault(c.group, []).append(arrays[0])  # declared() lists a group's members in slot order
         elif c.ragged:
             out[c.name + "/values"], out[c.name + "/row_splits"] = arrays
         else:
             out[c.name] = arrays[0]
+    for group, members in groups.items():
+        out[group] = stack_columns(members)
     return out
 
 
@@ -229,4 +252,69 @@ def declared(columns: Mapping[str, Any], owner: str) -> List[Tuple[str, str, str
             out += [(named(m), kind, name, i, len(members)) for i, m in enumerate(members)]
         else:
             out.append((named(name), kind, "", 0, 0))
+    return out
+
+
+def ragged_outputs(columns: Sequence[Column]) -> List[str]:
+    """The names of the ragged outputs (each name/values and name/row_splits)."""
+    return [c.name for c in columns if c.ragged]
+
+
+def _dense_keys(arrays: Mapping[str, np.ndarray], ragged: Sequence[str]) -> List[str]:
+    parts = {f"{name}/{part}" for name in ragged for part in ("values", "row_splits")}
+    return [k for k in arrays if k not in parts]
+
+
+def cut_arrays(arrays: Mapping[str, np.ndarray], ragged: Sequence[str], start: int, stop: int) -> Dict[str, np.ndarray]:
+    """Rows [start, stop) of batch_arrays() output: views, but a ragged output's row splits (made
+    anew from 0)."""
+    out = {k: arrays[k][start:stop] for k in _dense_keys(arrays, ragged)}
+    for name in ragged:
+        splits = arrays[name + "/row_splits"]
+        lo = splits[start]
+        out[name + "/values"] = arrays[name + "/values"][lo:splits[stop]]
+        out[name + "/row_splits"] = splits[start:stop + 1] if lo == 0 and start == 0 else \
+            _converted(splits[start:stop + 1] - lo, np.dtype(np.int64))
+    return out
+
+
+def take_arrays(arrays: Mapping[str, np.ndarray], ragged: Sequence[str], order: np.ndarray) -> Dict[str, np.ndarray]:
+    """The rows `order` of batch_arrays() output, gathered into aligned arrays (a shuffled
+    batch's copy); a ragged output's lists moved whole, with no Python per row."""
+    out = {}
+    for k in _dense_keys(arrays, ragged):
+        a = arrays[k]
+        out[k] = aligned_empty((len(order),) + a.shape[1:], a.dtype)
+        np.take(a, order, axis=0, out=out[k])
+    for name in ragged:
+        splits, values = arrays[name + "/row_splits"], arrays[name + "/values"]
+        lengths = (splits[1:] - splits[:-1])[order]
+        new = aligned_empty(len(order) + 1, np.int64)
+        new[0] = 0
+        np.cumsum(lengths, out=new[1:])
+        source = np.repeat(splits[:-1][order] - new[:-1], lengths) + np.arange(new[-1], dtype=np.int64)
+        out[name + "/values"] = aligned_empty(len(source), values.dtype)
+        np.take(values, source, out=out[name + "/values"])
+        out[name + "/row_splits"] = new
+    return out
+
+
+def join_arrays(parts: Sequence[Mapping[str, np.ndarray]], ragged: Sequence[str]) -> Dict[str, np.ndarray]:
+    """batch_arrays() outputs one after another, joined into aligned arrays (a copy)."""
+    out = {}
+    for k in _dense_keys(parts[0], ragged):
+        pieces = [p[k] for p in parts]
+        out[k] = aligned_empty((sum(len(a) for a in pieces),) + pieces[0].shape[1:], pieces[0].dtype)
+        np.concatenate(pieces, axis=0, out=out[k])
+    for name in ragged:
+        values = [p[name + "/values"] for p in parts]
+        out[name + "/values"] = aligned_empty(sum(len(v) for v in values), values[0].dtype)
+        np.concatenate(values, out=out[name + "/values"])
+        splits = [p[name + "/row_splits"] for p in parts]
+        joined = aligned_empty(sum(len(a) - 1 for a in splits) + 1, np.int64)
+        joined[0], at, base = 0, 1, 0
+        for a in splits:
+            joined[at:at + len(a) - 1] = a[1:] - a[0] + base
+            at, base = at + len(a) - 1, base + int(a[-1] - a[0])
+        out[name + "/row_splits"] = joined
     return out

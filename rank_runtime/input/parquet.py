@@ -33,7 +33,8 @@ from ..process.logs import get_logger
 from ..stream.cursor import StreamCursor
 from ..stream.partitioned import PartitionedStream, PartitionLag
 from ..validation import check_bool, check_int
-from .columns import Column, ParquetInputError, batch_arrays, column_of, declared, null_column
+from .columns import (Column, ParquetInputError, batch_arrays, column_of, cut_arrays, declared, join_arrays, null_column,
+                      ragged_outputs, take_arrays)
 
 log = get_logger("shardrec.input")
 OWNER = "ParquetDataset"
@@ -136,21 +137,29 @@ def same_types(types: Dict[str, pa.DataType], f: pq.ParquetFile, path: str, firs
 
 
 class Piece:
-    """Rows of a row group not yet in a batch: a slice of it, or in a shuffled read a slice of its
-    rows' order (gathered when the batch is made: the one copy of a shuffled batch)."""
+    """Rows of a row group not yet in a batch: the row group's arrays (columns.batch_arrays, made
+    once a row group) and a range of their rows, or in a shuffled read an order of them (gathered
+    when the batch is made: the one copy of a shuffled batch)."""
 
-    def __init__(self, table: pa.Table, order: Optional[np.ndarray]):
-        self._table, self._order = table, order
-        self.rows = table.num_rows if order is None else len(order)
+    def __init__(self, arrays: Dict[str, np.ndarray], ragged: Sequence[str], rows: int,
+                 order: Optional[np.ndarray] = None, start: int = 0):
+        self._arrays, self._ragged, self._order, self._start = arrays, ragged, order, start
+        self.rows = rows if order is None else len(order)
+
+    @classmethod
+    def of(cls, table: pa.Table, columns: Sequence[Column], order: Optional[np.ndarray] = None) -> "Piece":
+        return cls(batch_arrays(table, columns), ragged_outputs(columns), table.num_rows, order)
 
     def cut(self, start: int, stop: Optional[int] = None) -> "Piece":
         stop = self.rows if stop is None else stop
         if self._order is None:
-            return Piece(self._table.slice(start, stop - start), None)
-        return Piece(self._table, self._order[start:stop])
+            return Piece(self._arrays, self._ragged, stop - start, None, self._start + start)
+        return Piece(self._arrays, self._ragged, stop - start, self._order[start:stop])
 
-    def table(self) -> pa.Table:
-        return self._table if self._order is None else self._table.take(self._order)
+    def arrays(self) -> Dict[str, np.ndarray]:
+        if self._order is not None:
+            return take_arrays(self._arrays, self._ragged, self._order)
+        return cut_arrays(self._arrays, self._ragged, self._start, self._start + self.rows)
 
 
 class ParquetSource(PartitionedStream):
@@ -294,7 +303,7 @@ class ParquetSource(PartitionedStream):
             turn = (turn + 1) % len(owned)
             epoch, index, within = self._locate(partition, rows[partition])
             g = self._group_at(partition, epoch, index)
-            piece = Piece(self._read_group(g), self._order_of(g, epoch, partition)).cut(within)
+            piece = Piece.of(self._read_group(g), self.columns, self._order_of(g, epoch, partition)).cut(within)
             cursor.handed(partition, os.path.basename(self.paths[g.file]), rows[partition], piece.rows)
             rows[partition] += piece.rows
             yield piece
@@ -323,6 +332,7 @@ class ParquetSource(PartitionedStream):
 def batches(pieces: Iterable[Piece], size: int, drop_remainder: bool,
             columns: Sequence[Column]) -> Iterator[Dict[str, np.ndarray]]:
     """Batches of `size` rows of the pieces, in order (the last one shorter unless drop_remainder)."""
+    ragged = ragged_outputs(columns)
     pending: "collections.deque[Piece]" = collections.deque()
     held = 0
     for piece in pieces:
@@ -335,12 +345,13 @@ def batches(pieces: Iterable[Piece], size: int, drop_remainder: bool,
                 if part.rows > need:
                     pending.appendleft(part.cut(need))
                     part = part.cut(0, need)
-                parts.append(part.table())
+                parts.append(part.arrays())
                 need -= part.rows
             held -= size
-            yield batch_arrays(parts[0] if len(parts) == 1 else pa.concat_tables(parts), columns)
+            yield parts[0] if len(parts) == 1 else join_arrays(parts, ragged)
     if held and not drop_remainder:
-        yield batch_arrays(pa.concat_tables([p.table() for p in pending]), columns)
+        parts = [p.arrays() for p in pending]
+        yield parts[0] if len(parts) == 1 else join_arrays(parts, ragged)
 
 
 def batch_dataset(generator: Callable[[], Iterator[Dict[str, np.ndarray]]], columns: Sequence[Column],

@@ -59,7 +59,7 @@ class ParquetDirectoryStream(DirectoryStream):
             for g in range(f.metadata.num_row_groups):
                 rows = f.metadata.row_group(g).num_rows
                 if rows and start + rows > first:
-                    yield Piece(read_group(f, path, g, rows, self.columns, OWNER), None).cut(max(0, first - start))
+                    yield Piece.of(read_group(f, path, g, rows, self.columns, OWNER), self.columns).cut(max(0, first - start))
                 start += rows
 
     def _read(self, cursor: StreamCursor, resume: Optional[str]) -> Iterator[Dict[str, np.ndarray]]:
