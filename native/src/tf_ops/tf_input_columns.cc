@@ -7,9 +7,9 @@
 // strings hashes them with a stock op, and every rank hashes alike whatever its machine.
 //
 // A group's scalar columns stacked as one row-major [rows, k] array (Criteo's 26 id columns as
-// one tensor): numpy's column-by-column assignment writes each value a row's width apart and
-// cost 3.3 ns an id on a batch fresh from the reader; a block of rows at a time, all columns,
-// keeps the block's output in L1.
+// one tensor), a row at a time: the output is written in order and each column read in order.
+// Measured on a row group of 26 x 16384 int64 not in cache: 1.2 ns an id, against 2.2 for blocks
+// of 64 rows a column at a time and about 3 for numpy's column-by-column assignment.
 #include <cstddef>
 #include <cstdint>
 
@@ -30,13 +30,8 @@ void HashAll(const Offset* offsets, const char* data, int64_t n, int64_t* out) {
 }
 template <typename T>
 void Interleave(const T* const* columns, int64_t k, int64_t rows, T* out) {
-  constexpr int64_t kBlock = 64;
-  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-    const int64_t r1 = r0 + kBlock < rows ? r0 + kBlock : rows;
-    for (int64_t c = 0; c < k; ++c) {
-      const T* column = columns[c];
-      for (int64_t r = r0; r < r1; ++r) out[r * k + c] = column[r];
-    }
+  for (int64_t r = 0; r < rows; ++r, out += k) {
+    for (int64_t c = 0; c < k; ++c) out[c] = columns[c][r];
   }
 }
 }  // namespace
