@@ -50,3 +50,22 @@ def test_dlrm_on_two_ranks_learns_beyond_the_dense_features(data):
     assert got["ranks"] == "2" and int(got["eval_samples"]) == 4096, got
     assert dense_only + 0.02 < float(got["eval_auc"]) < float(got["planted_auc"]), (dense_only, got)
     assert float(got["final_loss"]) < float(got["first_loss"]), got
+
+
+def test_the_parquet_written_is_the_fast_layout_and_both_feeds_read_every_sample(data):
+    """The writer's files are what the input guide calls fastest (required columns, plain, no
+    compression), and bench/dlrm_feeds.py reads the same samples from both formats."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(os.path.join(data, "parquet", "train", "part-000.parquet"))
+    chunks = [f.metadata.row_group(g).column(c) for g in range(f.metadata.num_row_groups)
+              for c in range(f.metadata.num_columns)]
+    assert {c.compression for c in chunks} == {"UNCOMPRESSED"} and not any(c.has_dictionary_page for c in chunks)
+    assert not any(field.nullable for field in f.schema_arrow)
+    proc = check(subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dlrm_feeds.py"), "--data", data,
+                                 "--rounds", "1", "--epochs", "2", "--core", "0"], capture_output=True, text=True,
+                                timeout=300, cwd=ROOT))
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["samples"] == 2 * 12288 and all(v > 0 for v in report["median"].values()), report
