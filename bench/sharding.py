@@ -5,6 +5,9 @@
     python bench/sharding.py --data DIR [--rounds 2] [--ranks 2] [--steps 24] [--plans none auto PLAN.json ...]
         [--together]
 
+A plan may end in @bfloat16 or @float16 (`auto@bfloat16`): the same plan with every table's rows and
+gradients crossing in 16 bits (create_table(exchange_dtype=), examples/dlrm.py --exchange-dtype).
+
 Each configuration is a fresh job on `ranks` MPI ranks that prints examples/dlrm.py's SUMMARY line:
 CPU seconds per 1000 samples (all ranks, after the warm-up) and the bytes all ranks sent each other
 per step (keys, rows, gradients: the exchanges' own counters). Prints the medians and, per round,
@@ -42,8 +45,10 @@ def one(args, config):
 
 
 def _train(args, config):
+    plan, _, wire = config.partition("@")
     return [sys.executable, os.path.join(ROOT, "examples", "dlrm.py"), "train", "--data", args.data, "--steps",
-            str(args.steps), *([] if config == "none" else ["--sharding-plan", config])]
+            str(args.steps), *([] if plan == "none" else ["--sharding-plan", plan]),
+            *(["--exchange-dtype", wire] if wire else [])]
 
 
 def copies(args):
@@ -63,7 +68,7 @@ def _summary(args, config, proc, cmd):
     found = SUMMARY.search(proc.stdout)
     if proc.returncode != 0 or not found:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    if args.show_plan and config != "none":
+    if args.show_plan and config.partition("@")[0] != "none":
         plan = proc.stderr[proc.stderr.find("sharding plan for"):]
         print("\n".join(plan.splitlines()[:34]), flush=True)
         args.show_plan = False

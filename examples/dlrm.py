@@ -160,7 +160,8 @@ def train(args):
 
     train_it, eval_it = iterator("train", True), iterator("eval", False)
     tables = [create_table(key_dtype=tf.int64, dim=DIM, name=n, device_vocabulary_size=card,
-                           emb_initializer=tf.compat.v1.random_uniform_initializer(-0.05, 0.05, seed=i))
+                           emb_initializer=tf.compat.v1.random_uniform_initializer(-0.05, 0.05, seed=i),
+                           exchange_dtype=args.exchange_dtype)
               for i, (n, card) in enumerate(zip(CATEGORICAL, criteo_synth.KAGGLE_CARDINALITIES))]
     towers = Towers()
 
@@ -236,6 +237,8 @@ def main(argv=None):
     t.add_argument("--sharding-plan", default=None,
                    help="init(sharding_plan=): 'auto' (the planner places the tables) or a JSON plan's path; "
                         "default: every table row-wise")
+    t.add_argument("--exchange-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="create_table(exchange_dtype=): rows and gradients between ranks in 16 bits (half the bytes)")
     args = p.parse_args(argv)
     write(args) if args.command == "write" else train(args)
 

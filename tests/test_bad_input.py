@@ -46,6 +46,8 @@ CREATE_TABLE = [
     ("slot_dtype", {"slot_dtype": tf.float16}, TypeError, r"'slot_dtype' must be one of tf.float32, tf.bfloat16, got "
      r"tf.float16"),
     ("stochastic_rounding", {"stochastic_rounding": "yes"}, TypeError, r"'stochastic_rounding' must be a bool"),
+    ("exchange_dtype", {"exchange_dtype": "int8"}, TypeError,
+     r"'exchange_dtype' must be one of tf.float32, tf.float16, tf.bfloat16, got 'int8'"),
     ("value_dtype with SSD", {"value_dtype": tf.bfloat16, "host_vocabulary_size": 8, "ssd_vocabulary_size": 64},
      ValueError, r"16-bit rows .* and an SSD tier .* cannot be used together; allowed with an SSD tier: "
      r"value_dtype=tf.float32"),

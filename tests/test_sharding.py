@@ -157,6 +157,53 @@ def test_replicas_of_16_bit_rows_round_alike(tmp_path):
             np.testing.assert_allclose(rows[key], row, atol=2e-2, rtol=0, err_msg=f"{table} key {key}")
 
 
+def _rounded(x, wire):
+    """x rounded to the nearest `wire` value, ties to even, back in float32 (numpy's own float16
+    cast; bfloat16 by its bits)."""
+    x = np.asarray(x, np.float32)
+    if wire == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if wire == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        return ((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32)).view(np.float32)
+    return x
+
+
+def test_rows_and_gradients_cross_in_the_exchange_dtype(tmp_path):
+    """create_table(exchange_dtype=): on 2 ranks every looked-up value is the owner's row rounded to
+    the wire dtype (a replicated table's rows do not travel: not rounded), every requester's row
+    gradient is rounded once before the owner sums them, and SGD's rows match a numpy reference
+    bitwise; a 16-bit table's exchanges send exactly half the float32 table's bytes."""
+    import wire_oracle as wire_job
+
+    check(mpiexec(2, "wire_oracle.py", tmp_path, timeout=300))
+    got = [np.load(tmp_path / f"wire-rank{r}.npz") for r in range(2)]
+    for name, (wire, sharding, _) in wire_job.TABLES.items():
+        rows = {}
+        for step in range(wire_job.STEPS):
+            part = slice(step * wire_job.BATCH, (step + 1) * wire_job.BATCH)
+            summed = {}
+            for r in range(2):
+                ids, c = got[r]["ids"][part, 0], got[r]["c"][part]
+                before = np.stack([rows.get(k, np.full(wire_job.DIM, 0.3, np.float32)) for k in ids])
+                want = before if sharding == "replicated" else _rounded(before, wire)
+                np.testing.assert_array_equal(got[r][f"{name}.emb"][step], want, err_msg=f"{name} step {step} rank {r}")
+                for k in np.unique(ids):
+                    g = _rounded(c[ids == k].sum(axis=0, dtype=np.float32), wire)
+                    summed[k] = summed[k] + g if k in summed else g
+            for k, g in summed.items():
+                rows[k] = rows.get(k, np.full(wire_job.DIM, 0.3, np.float32)) - np.float32(wire_job.LEARNING_RATE) * g
+        holders = range(2) if sharding == "replicated" else [r for r in range(2) if len(got[r][f"{name}.keys"])]
+        for r in holders:
+            for k, row in zip(got[r][f"{name}.keys"], got[r][f"{name}.rows"]):
+                np.testing.assert_array_equal(row, rows[k], err_msg=f"{name} key {k} on rank {r}")
+        copies = 2 if sharding == "replicated" else 1
+        assert sorted(k for r in holders for k in got[r][f"{name}.keys"]) == sorted(list(rows) * copies), name
+    for r in range(2):
+        assert got[r]["f32.bytes"] > 0
+        assert got[r]["b16.bytes"] * 2 == got[r]["h16.bytes"] * 2 == got[r]["f32.bytes"], r
+
+
 def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_path):
     modes = ("admission", "expansion")
     one = run(tmp_path, 1, "ref", "--sharding", ALL_ROW_WISE, opts=("lazy_adam",), modes=modes)

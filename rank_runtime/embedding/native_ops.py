@@ -135,12 +135,13 @@ def _expanded_rows_gather_grad(op, grad):
 
 
 def row_alltoall(rows: tf.Tensor, send_splits: tf.Tensor, recv_splits: tf.Tensor, exchange: str, timeout_s: float,
-                 gradient: str | None = None) -> tf.Tensor:
+                 gradient: str | None = None, wire: str = "float32") -> tf.Tensor:
     """Sends send_splits[r] rows to rank r and receives recv_splits[r] from it, on the communicator
     registered as `exchange` (world.py); returns the rows received, by rank. Its gradient sends the
-    gradients back the same way on the exchange named `gradient` (required where a gradient is taken)."""
+    gradients back the same way on the exchange named `gradient` (required where a gradient is taken).
+    wire: the values' dtype on the way, both ways ("float32", "bfloat16", "float16": row_dtypes.py)."""
     return load().shardrec_row_alltoall(rows, send_splits, recv_splits, exchange=exchange, timeout_s=timeout_s,
-                                        gradient=gradient or "")
+                                        gradient=gradient or "", wire=wire)
 
 
 @tf.RegisterGradient("ShardrecRowAlltoall")
@@ -151,7 +152,7 @@ def _row_alltoall_grad(op, grad):
                           "lookup); no gradient flows through it")
     # The way back: each rank returns what it received and receives what it sent.
     back = load().shardrec_row_alltoall(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1], exchange=gradient,
-                                        timeout_s=op.get_attr("timeout_s"))
+                                        timeout_s=op.get_attr("timeout_s"), wire=op.get_attr("wire").decode())
     return back, None, None
 
 

@@ -290,11 +290,12 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
                  shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, sharding: Optional[str] = None,
-                 sharding_rank: Optional[int] = None, sharding_group: Optional[str] = None,
+                 sharding_rank: Optional[int] = None, sharding_group: Optional[str] = None, exchange_dtype=None,
                  **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
-    float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits (row_dtypes.py). sharding:
+    float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits; exchange_dtype bfloat16 or
+    float16 sends its rows and gradients between ranks in 16 bits (row_dtypes.py). sharding:
     'row_wise', 'table_wise' (on sharding_rank, or the least loaded rank) or 'replicated'; None:
     init(sharding_plan=)'s plan, the planner with sharding_plan='auto', else row-wise (placing.py).
     sharding_group: a name; the tables of one group are placed together (the first one made decides,
@@ -325,7 +326,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     init_param = check_number(owner, "init_param", init_param, -10, 10)
     check_choice(owner, "all2all_gradients_op", all2all_gradients_op, _GRADIENT_OPS)
     check_int(owner, "shard_num", shard_num, 1, 1)
-    rows = row_dtypes(owner, value_dtype, slot_dtype, stochastic_rounding)
+    rows = row_dtypes(owner, value_dtype, slot_dtype, stochastic_rounding, exchange_dtype)
     if rows.compact and ssd_vocabulary_size > 0:
         raise ValueError(f"{owner}: 16-bit rows (value_dtype={rows.values.name}, slot_dtype={rows.slots.name}) and an "
                          "SSD tier (ssd_vocabulary_size > 0) cannot be used together; allowed with an SSD tier: "

@@ -64,18 +64,20 @@ def _register_send_count(state, spec, channel, send_count):
                          "per channel")
 
 
-def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchange: RowExchangeName, state):
+def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchange: RowExchangeName, state,
+                        wire: str):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
-    lookup's own communicators (the op library's row exchange; gradients go back the same way).
-    They are made when the pipeline starts (world.make_row_exchanges), matched by name."""
+    lookup's own communicators (the op library's row exchange; gradients go back the same way, both
+    in the table's exchange dtype, `wire`). They are made when the pipeline starts
+    (world.make_row_exchanges), matched by name."""
     state.row_exchanges.append(exchange)
     back = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.rows,
-                                   get_world().exchange_timeout_s, exchange.gradients)
+                                   get_world().exchange_timeout_s, exchange.gradients, wire)
     back.set_shape([static_rows, dim])
     return back
 
 
-def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state):
+def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state, wire: str):
     """A replicated table: every rank holds every row, so a rank reads its own keys' rows from its
     own replica (its block among the keys every rank received) and nothing crosses forward. Each
     replica must learn every rank's gradients, as a row-wise owner does from its requesters: the
@@ -91,7 +93,7 @@ def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state):
         def grad(dy):
             every_rank = tf.tile(dy, [cfg.size, 1])
             return native_ops.row_alltoall(every_rank, routing.recv_splits, routing.send_splits, exchange.gradients,
-                                           timeout)
+                                           timeout, wire=wire)
         return tf.slice(received, tf.stack([begin, 0]), tf.stack([size, -1])), grad
 
     return own_block(rows)
@@ -213,7 +215,7 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
 
     def exchange(rows, send_splits, recv_splits):
         return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None,
-                                   _exchange_name(state, table, spec, channel), state)
+                                   _exchange_name(state, table, spec, channel), state, table.row_dtypes.wire)
 
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)
@@ -231,7 +233,7 @@ def _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, chan
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)
         rows = _rows_asked_for(cfg, table, routing, channel, is_grad, None)
-        own = _own_rows(cfg, rows, routing, _exchange_name(state, table, spec, channel), state)
+        own = _own_rows(cfg, rows, routing, _exchange_name(state, table, spec, channel), state, table.row_dtypes.wire)
         per_id = native_ops.row_gather(own, routing.restore)
         emb = combiners.combine_rows(per_id, ragged, combiners.checked_weights(weights, ragged), combiner)
         emb.set_shape([ragged.shape[0], table.dim])
@@ -282,10 +284,11 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
         state = cfg.graph_state()
         name = _exchange_name(state, table, spec, channel)
         if table.placement.kind == REPLICATED:
-            rows = _own_rows(cfg, rows, routing, name, state)
+            rows = _own_rows(cfg, rows, routing, name, state, table.row_dtypes.wire)
         else:
             rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
-                                       None if cfg.use_dynamic else send_count * cfg.size, name, state)
+                                       None if cfg.use_dynamic else send_count * cfg.size, name, state,
+                                       table.row_dtypes.wire)
     emb = native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:
         default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])

@@ -134,20 +134,24 @@ class ChannelComm {
     finish_collective(req, what);
   }
 
-  // Blocks of floats to and from every peer, point to point, with the counts both sides already
-  // know (a lookup's row exchange: the key exchange decided them), so no counts round goes first.
-  // Counts and displacements in floats; this rank's own block is copied. A peer whose block does
-  // not arrive in time is named, and so is one that sends another count than expected (more
-  // comes back as MPI's truncation error: the row communicators return errors, world.py). Neither
-  // can happen while the ranks run the same batch's routing.
-  void exchange_blocks(const float* send, const int* scount, const int* sdispl, float* recv, const int* rcount,
+  // Blocks of values (float32, or 16-bit floats as their raw bits: a row exchange's wire dtype) to
+  // and from every peer, point to point, with the counts both sides already know (a lookup's row
+  // exchange: the key exchange decided them), so no counts round goes first. Counts and
+  // displacements in values; this rank's own block is copied. A peer whose block does not arrive
+  // in time is named, and so is one that sends another count than expected (more comes back as
+  // MPI's truncation error: the row communicators return errors, world.py). Neither can happen
+  // while the ranks run the same batch's routing.
+  template <typename T>
+  void exchange_blocks(const T* send, const int* scount, const int* sdispl, T* recv, const int* rcount,
                        const int* rdispl, const std::string& what) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>, "float32 or 16-bit values");
+    const MPI_Datatype type = std::is_same_v<T, float> ? MPI_FLOAT : MPI_UINT16_T;
     check_usable();
     if (scount[rank_] != rcount[rank_])
       throw ExchangeError(where(what) + "this rank sends itself " +
-                          std::to_string(scount[rank_]) + " floats but expects " + std::to_string(rcount[rank_]));
+                          std::to_string(scount[rank_]) + " values but expects " + std::to_string(rcount[rank_]));
     if (scount[rank_] > 0)
-      std::memcpy(recv + rdispl[rank_], send + sdispl[rank_], sizeof(float) * static_cast<size_t>(scount[rank_]));
+      std::memcpy(recv + rdispl[rank_], send + sdispl[rank_], sizeof(T) * static_cast<size_t>(scount[rank_]));
     if (world_ == 1) return;
     std::vector<MPI_Request> recv_reqs, send_reqs;
     std::vector<int> peers;
@@ -155,11 +159,11 @@ class ChannelComm {
       if (r == rank_) continue;
       peers.push_back(r);
       recv_reqs.emplace_back();
-      MPI_Irecv(recv + rdispl[r], rcount[r], MPI_FLOAT, r, kBlockTag, comm_, &recv_reqs.back());
+      MPI_Irecv(recv + rdispl[r], rcount[r], type, r, kBlockTag, comm_, &recv_reqs.back());
     }
     for (int r : peers) {
       send_reqs.emplace_back();
-      MPI_Isend(send + sdispl[r], scount[r], MPI_FLOAT, r, kBlockTag, comm_, &send_reqs.back());
+      MPI_Isend(send + sdispl[r], scount[r], type, r, kBlockTag, comm_, &send_reqs.back());
     }
     std::vector<MPI_Status> statuses(recv_reqs.size());
     bool arrived = false;
@@ -168,7 +172,7 @@ class ChannelComm {
     } catch (const RequestFailed& e) {
       throw ExchangeError(where(what) + "rank " + std::to_string(peers[e.index]) +
                           " sent more than the " + std::to_string(rcount[peers[e.index]]) +
-                          " floats this rank expected (" + e.what() + "; the ranks disagree on the batch's routing)");
+                          " values this rank expected (" + e.what() + "; the ranks disagree on the batch's routing)");
     }
     if (!arrived) {
       std::string missing;
@@ -178,10 +182,10 @@ class ChannelComm {
     }
     for (size_t i = 0; i < peers.size(); ++i) {
       int got = 0;
-      MPI_Get_count(&statuses[i], MPI_FLOAT, &got);
+      MPI_Get_count(&statuses[i], type, &got);
       if (got != rcount[peers[i]])
         throw ExchangeError(where(what) + "rank " + std::to_string(peers[i]) + " sent " +
-                            std::to_string(got) + " floats, this rank expected " + std::to_string(rcount[peers[i]]) +
+                            std::to_string(got) + " values, this rank expected " + std::to_string(rcount[peers[i]]) +
                             " (the ranks disagree on the batch's routing)");
     }
     if (!wait(send_reqs)) fail_timeout(what, "a peer did not take this rank's block");

@@ -5,6 +5,11 @@
 // splits[r] rows to rank r; how many it receives from each is exchanged first, point to point, so
 // that a rank that never arrives is named.
 //
+// The wire dtype (attr `wire`): float32, or bfloat16 / float16, each value rounded to nearest even
+// before it is sent and widened back on arrival (this rank's own block too, so that a row reads
+// the same whichever rank owns it): half the bytes, for tables that opt in
+// (create_table(exchange_dtype=)), as TorchRec's quantized communications do.
+//
 // An async kernel: the exchange waits on a thread of the kernel's own, never on one of
 // TensorFlow's (with one inter-op thread, two lookups whose exchanges the ranks reached in another
 // order would otherwise wait for each other for ever). Every wait is bound by the exchange timeout.
@@ -17,6 +22,7 @@
 #include <unordered_map>
 
 #include "exchange/channel_comm.h"
+#include "storage/row_format.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -96,6 +102,11 @@ class RowAlltoallOp : public AsyncOpKernel {
   explicit RowAlltoallOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("exchange", &exchange_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_s", &timeout_s_));
+    std::string wire;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wire", &wire));
+    OP_REQUIRES(ctx, wire == "float32" || wire == "bfloat16" || wire == "float16",
+                InvalidArgument("wire must be float32, bfloat16 or float16, got '", wire, "'"));
+    wire_ = wire == "bfloat16" ? RowFormat::kBFloat16 : wire == "float16" ? RowFormat::kFloat16 : RowFormat::kFloat32;
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -168,13 +179,26 @@ class RowAlltoallOp : public AsyncOpKernel {
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rdispl[world] / std::max<int64_t>(dim, 1), dim}), &out));
-    comm_->exchange_blocks(rows.flat<float>().data(), scount.data(), sdispl.data(), out->flat<float>().data(),
-                           rcount.data(), rdispl.data(), "rows");
-    sent_->fetch_add(static_cast<int64_t>(sdispl[world] - scount[comm_->rank()]) * static_cast<int64_t>(sizeof(float)));
+    const float* from = rows.flat<float>().data();
+    float* to = out->flat<float>().data();
+    int64_t value_bytes = sizeof(float);
+    if (wire_ == RowFormat::kFloat32) {
+      comm_->exchange_blocks(from, scount.data(), sdispl.data(), to, rcount.data(), rdispl.data(), "rows");
+    } else {
+      const bool bf16 = wire_ == RowFormat::kBFloat16;
+      std::vector<uint16_t> send_bits(static_cast<size_t>(sdispl[world])), recv_bits(static_cast<size_t>(rdispl[world]));
+      for (size_t i = 0; i < send_bits.size(); ++i) send_bits[i] = bf16 ? row_format::float_to_bf16(from[i]) : row_format::float_to_half(from[i]);
+      comm_->exchange_blocks(send_bits.data(), scount.data(), sdispl.data(), recv_bits.data(), rcount.data(),
+                             rdispl.data(), "rows");
+      for (size_t i = 0; i < recv_bits.size(); ++i) to[i] = bf16 ? row_format::bf16_to_float(recv_bits[i]) : row_format::half_to_float(recv_bits[i]);
+      value_bytes = sizeof(uint16_t);
+    }
+    sent_->fetch_add(static_cast<int64_t>(sdispl[world] - scount[comm_->rank()]) * value_bytes);
   }
 
   std::string exchange_;
   float timeout_s_ = 0;
+  RowFormat wire_ = RowFormat::kFloat32;
   std::unique_ptr<ChannelComm> comm_;
   std::atomic<int64_t>* sent_ = nullptr;
   Worker worker_;
@@ -206,6 +230,7 @@ REGISTER_OP("ShardrecRowAlltoall")
     .Attr("exchange: string")
     .Attr("timeout_s: float")
     .Attr("gradient: string = ''")  // the exchange of its gradient (read by the Python gradient); '': none
+    .Attr("wire: string = 'float32'")  // float32, bfloat16 or float16: the values' dtype on the wire
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle rows;
