@@ -330,6 +330,17 @@ def test_the_planner_replicates_small_tables_spreads_large_ones_and_is_determini
     assert ShardingPlan.from_json(plan.to_json(), "round trip").to_json() == plan.to_json()
 
 
+def test_the_planner_counts_16_bit_exchanges_as_half_the_row_bytes():
+    """TableShape(wire_bytes=2) (create_table(exchange_dtype=) 16-bit): a row-wise table's bytes
+    sent are its keys plus half the float32 rows and gradients, as the exchange counts them."""
+    from shardrec.rank_runtime.embedding.planner import table_cost
+    from shardrec.rank_runtime.formats.sharding_plan import Placement
+
+    wide, narrow = (table_cost(TableShape("t", 10**6, 16, ids_per_step=4096, distinct_per_step=4000, wire_bytes=b),
+                               Placement("row_wise"), 2) for b in (4, 2))
+    assert wide.bytes_sent == (2000 * (8 + 2 * 64),) * 2 and narrow.bytes_sent == (2000 * (8 + 2 * 32),) * 2
+
+
 def test_the_planner_places_1000_tables_in_under_a_second():
     rng = np.random.default_rng(0)
     shapes = [TableShape(f"t{i}", int(r), int(d), ids_per_step=4096)

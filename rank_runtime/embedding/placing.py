@@ -23,7 +23,7 @@ from .row_store import row_init
 
 
 def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, rows: int, dim: int,
-                 row_bytes: int, group: object = None, ssd: bool = False) -> TablePlan:
+                 row_bytes: int, group: object = None, ssd: bool = False, wire_bytes: int = 4) -> TablePlan:
     """The plan entry of table `name` (`rows` rows of `dim`, `row_bytes` bytes a row, of sharding
     group `group` or of none, with an SSD tier or not)."""
     check_group(name, group)
@@ -45,7 +45,7 @@ def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, 
         raise PlanError(f"table {name!r}: sharding={given.describe()!r} disagrees with the sharding plan's "
                         f"{planned.placement.describe()!r}; give one of them")
     shape = TableShape(name, rows, dim, row_bytes, cfg.graph_state().ids_per_step(name), sharding=sharding,
-                       rank=rank, ssd=ssd)
+                       rank=rank, ssd=ssd, wire_bytes=wire_bytes)
     earlier = sorted((other, t.plan.placement) for other, t in cfg.tables.items()
                      if group is not None and t.plan.group == group)
     if earlier:  # the group is placed: this table joins it

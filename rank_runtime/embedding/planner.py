@@ -45,7 +45,8 @@ class TableShape:
     distinct ids measured per batch and constraints: `sharding` (and `rank` for a table-wise one), and
     `group`, a name shared by tables placed together (one placement for all: for a table-wise group,
     one rank, so that the features that read them are looked up on one rank); `ssd`: the table has an
-    SSD tier, which a replicated table cannot have."""
+    SSD tier, which a replicated table cannot have; `wire_bytes`: a value's bytes in the row exchange
+    (2 with create_table(exchange_dtype=) 16-bit)."""
     name: str
     rows: int
     dim: int
@@ -56,6 +57,7 @@ class TableShape:
     rank: Optional[int] = None
     group: Optional[str] = None
     ssd: bool = False
+    wire_bytes: int = 4
 
     @property
     def bytes_per_row(self) -> int:
@@ -84,7 +86,7 @@ def table_cost(shape: TableShape, placement: Placement, world_size: int, model: 
     n = shape.ids_per_step or shape.rows
     u = shape.distinct_per_step if shape.distinct_per_step is not None else _distinct(shape.rows, n)
     u_all = _distinct(shape.rows, w * n) if shape.distinct_per_step is None else min(shape.rows, w * u)
-    row = 4 * shape.dim
+    row = shape.wire_bytes * shape.dim
     memory = [placement.rows_on(r, w, shape.rows) * shape.bytes_per_row for r in range(w)]
     if w == 1:
         sent, work, exchanges = [0], [u], 0

@@ -334,7 +334,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     if kwargs:
         raise TypeError(f"{owner}: unknown parameter(s) {sorted(kwargs)}")
     plan = placing.placement_of(cfg, name, sharding, sharding_rank, device_vocabulary_size + host_vocabulary_size,
-                                dim, 0, sharding_group, ssd_vocabulary_size > 0)
+                                dim, 0, sharding_group, ssd_vocabulary_size > 0, rows.exchange.size)
     placement = plan.placement
     placing.check_placement(owner, name, placement, ssd_vocabulary_size > 0)
     # On a CPU host the device and host tiers are both this process's memory: their sum is the
