@@ -202,6 +202,39 @@ def test_rows_and_gradients_cross_in_the_exchange_dtype(tmp_path):
     for r in range(2):
         assert got[r]["f32.bytes"] > 0
         assert got[r]["b16.bytes"] * 2 == got[r]["h16.bytes"] * 2 == got[r]["f32.bytes"], r
+    # Pooled on the owners (key mod 2): each owner's partial sum of an example is rounded on its way
+    # and so is its gradient coming back; the weights cross as they are.
+    rows = {}
+    for step in range(wire_job.STEPS):
+        summed = {}
+        for r in range(2):
+            splits, pooled, weights = got[r]["splits"], got[r]["pooled"], got[r]["weights"]
+            c = got[r]["c"]
+            for e in range(step * wire_job.BATCH, (step + 1) * wire_job.BATCH):
+                ids, w = pooled[splits[e]:splits[e + 1]], weights[splits[e]:splits[e + 1]]
+                want = np.zeros(wire_job.DIM, np.float32)
+                for owner in range(2):
+                    mine = ids % 2 == owner
+                    if mine.any():
+                        partial = sum(w[i] * rows.get(k, np.full(wire_job.DIM, 0.25, np.float32))
+                                      for i, k in enumerate(ids) if mine[i])
+                        want = want + _rounded(partial, "bfloat16")
+                np.testing.assert_array_equal(got[r]["pool.emb"][step][e - step * wire_job.BATCH], want,
+                                              err_msg=f"pool step {step} rank {r} example {e}")
+                for owner in range(2):
+                    back = _rounded(c[e], "bfloat16")
+                    for i, k in enumerate(ids):
+                        if k % 2 == owner:
+                            summed[k] = summed.get(k, np.zeros(wire_job.DIM, np.float32)) + w[i] * back
+        for k, g in summed.items():
+            rows[k] = rows.get(k, np.full(wire_job.DIM, 0.25, np.float32)) - np.float32(wire_job.LEARNING_RATE) * g
+    for r in range(2):
+        for k, row in zip(got[r]["pool.keys"], got[r]["pool.rows"]):
+            assert k % 2 == r
+            np.testing.assert_array_equal(row, rows[k], err_msg=f"pool key {k}")
+    assert sorted(k for r in range(2) for k in got[r]["pool.keys"]) == sorted(rows)
+    pooled_wires = {tuple(w.split()[1:]) for w in got[0]["wires"] if w.startswith("pool")}
+    assert pooled_wires == {("float32", "1"), ("bfloat16", "4")}, got[0]["wires"]
 
 
 def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_path):

@@ -213,9 +213,9 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
     if weights is not None:
         state.weighted_pools.add((spec.name, channel))
 
-    def exchange(rows, send_splits, recv_splits):
+    def exchange(rows, send_splits, recv_splits, wire=table.row_dtypes.wire):
         return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None,
-                                   _exchange_name(state, table, spec, channel), state, table.row_dtypes.wire)
+                                   _exchange_name(state, table, spec, channel), state, wire)
 
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)

@@ -17,11 +17,13 @@ from . import combiners
 
 def pooled_rows(ranks, rows, pool, ids, weights, combiner, exchange):
     """[examples, dim]: the pooled lookup's stages after the owner's distinct `rows` (lookup.py).
-    `exchange(rows, send, recv)` moves rows between the ranks on a communicator of the lookup's own."""
+    `exchange(rows, send, recv[, wire])` moves rows between the ranks on a communicator of the lookup's
+    own, in the table's exchange dtype unless `wire` says otherwise."""
     received = None
     if weights is not None:
         sent = tf.gather(weights, pool.occ_order)[:, None]
-        received = sent if ranks == 1 else exchange(sent, pool.occ_send_splits, pool.occ_recv_splits)
+        # The user's weights cross as they are: only rows and gradients take the table's exchange dtype.
+        received = sent if ranks == 1 else exchange(sent, pool.occ_send_splits, pool.occ_recv_splits, "float32")
         received = tf.reshape(received, [-1])
     # Gather, weigh and add per partial in one pass (native_ops.pooled_sum); so is its gradient.
     partials = native_ops.pooled_sum(rows, pool.occ_rows, pool.occ_segments, tf.reduce_sum(pool.partial_send_splits),
