@@ -185,7 +185,7 @@ def null_column(table: pa.Table, columns: Sequence[Column]) -> str:
 
 def stack_columns(members: Sequence[np.ndarray]) -> np.ndarray:
     """Equal-length 1-D arrays of one dtype (4 or 8 bytes) as the columns of one aligned
-    row-major array [rows, len(members)], stacked natively a block of rows at a time."""
+    row-major array [rows, len(members)], stacked natively a row at a time."""
     first = members[0]
     out = aligned_empty((len(first), len(members)), first.dtype)
     if not len(first):
