@@ -142,9 +142,9 @@ def test_a_step_on_one_rank_only_ends_naming_the_rank_missing_from_the_row_excha
 def test_ranks_that_disagree_on_a_row_exchange_s_counts_both_stop_naming_the_peer():
     proc = check(mpiexec(2, JOB, "row_splits_disagree", timeout=120))
     found = errors(proc)
-    assert found.get("0", "").startswith("row exchange 't/ids/train#0' (rank 0 of 2), rows: rank 1 sent 2 floats, "
+    assert found.get("0", "").startswith("row exchange 't/ids/train#0' (rank 0 of 2), rows: rank 1 sent 2 values, "
                                          "this rank expected 4"), proc.stdout
-    assert re.match(r"row exchange 't/ids/train#0' \(rank 1 of 2\), rows: rank 0 sent more than the 2 floats this "
+    assert re.match(r"row exchange 't/ids/train#0' \(rank 1 of 2\), rows: rank 0 sent more than the 2 values this "
                     r"rank expected \(MPI_ERR_TRUNCATE", found.get("1", "")), proc.stdout
 
 
