@@ -66,7 +66,7 @@ def _write(args):
             os.makedirs(os.path.join(args.out, kind, split), exist_ok=True)
         for f in range(args.files):
             rows = slice(f * per_file, min(samples, (f + 1) * per_file))
-            # Laid out as the reader wants it (docs/guide/input_formats.md): required columns (no
+            # Laid out as the reader wants it (docs/guide/input.md, "Laying out files for speed"): required columns (no
             # definition levels), plain encoding, no compression.
             arrays = {n: pa.array(c[rows]) for n, c in columns.items()}
             schema = pa.schema([pa.field(n, a.type, nullable=False) for n, a in arrays.items()])

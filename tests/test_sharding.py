@@ -145,6 +145,18 @@ def test_ranks_that_place_a_table_differently_stop_at_the_first_batch_naming_it(
     assert not os.listdir(tmp_path)
 
 
+def test_ranks_that_disagree_on_a_table_s_exchange_dtype_stop_at_the_first_batch_naming_it(tmp_path):
+    """The last rank exchanges its tables' rows in bfloat16, the other in float32: both stop in the
+    first key round with the difference named, before a row crosses."""
+    proc = mpiexec(2, "placement_oracle.py", tmp_path, "wire", "--sharding", ALL_ROW_WISE,
+                   "--last-rank-exchange-dtype", "bfloat16", timeout=240)
+    assert proc.returncode != 0
+    assert re.search(r"differ at entry 1: rank 0 has feature 'a' \(table 'a', [^)]*, row_wise\), rank 1 has feature "
+                     r"'a' \(table 'a', [^)]*, rows exchanged in bfloat16, row_wise\)", proc.stderr), \
+        proc.stderr[-3000:]
+    assert not os.listdir(tmp_path)
+
+
 def test_replicas_of_16_bit_rows_round_alike(tmp_path):
     """bfloat16 values with stochastic rounding: every replica draws the same roundings (the rows
     stay bitwise equal across ranks, held() checks) and the model still follows plain TensorFlow."""

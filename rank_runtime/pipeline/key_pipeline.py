@@ -79,7 +79,7 @@ class _BatchKeyProcessor:
                       for s, p in zip(self.specs, self.pooled)]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()}"
-                     f"{('', ', pooled', ', pooled without weights')[p]}, {t.placement.describe()})"
+                     f"{('', ', pooled', ', pooled without weights')[p]}{_exchanged_in(t)}, {t.placement.describe()})"
                      for s, t, c, p in zip(self.specs, tables, send_counts, pooled)]
             if self.timestamp is not None:
                 lines.append(f"timestamps '{self.timestamp.name}'")
@@ -339,3 +339,10 @@ class _PassEndLog(batch_events.Observer):
             log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the same "
                      "batch", label, "this rank has no more" if event.this_rank_ran_out else "another rank ran out",
                      event.batches, ranks)
+
+
+def _exchanged_in(table) -> str:
+    """A 16-bit row exchange, named so that ranks that disagree on it stop in the first key round
+    (the row exchange would otherwise meet blocks of another size, named as a routing error)."""
+    wire = table.row_dtypes.wire
+    return "" if wire == "float32" else f", rows exchanged in {wire}"

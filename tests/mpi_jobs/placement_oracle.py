@@ -5,6 +5,7 @@ so that any placement and rank count must reproduce plain TensorFlow on the glob
     mpiexec -np N python placement_oracle.py OUT TAG [--sharding a=row_wise,b=table_wise:1,c=replicated]
         [--plan auto|PATH] [--opt sgd[,lazy_adam]] [--modes plain[,admission,expansion]] [--save PREFIX] [--restore PATH]
         [--value-dtype bfloat16|float16] [--last-rank-sharding ...] [--groups a=g,b=g]
+        [--last-rank-exchange-dtype bfloat16]
 
 --sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
 the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
@@ -94,6 +95,8 @@ def parse():
     p.add_argument("--save")
     p.add_argument("--restore")
     p.add_argument("--value-dtype", default="float32", help="the tables' value_dtype (stochastic rounding)")
+    p.add_argument("--last-rank-exchange-dtype", default="float32", help="the last rank's tables' exchange_dtype "
+                   "(ranks that disagree)")
     return p.parse_args()
 
 
@@ -111,7 +114,8 @@ def train(args, opt, mode, tag):
     tables = [create_table(tf.int64, DIM, name, tf.compat.v1.constant_initializer(0.1), device_vocabulary_size=120,
                            all2all_gradients_op="sum_gradients_and_div_by_ranksize", value_dtype=args.value_dtype,
                            sharding=given.get(name, (None, None))[0], sharding_rank=given.get(name, (None, None))[1],
-                           sharding_group=groups.get(name))
+                           sharding_group=groups.get(name),
+                           exchange_dtype=args.last_rank_exchange_dtype if rank == size - 1 else "float32")
               for name in TABLES]
     loss, w = model(batch, tables, specs)
     dense, sparse = get_dense_and_sparse_variable()

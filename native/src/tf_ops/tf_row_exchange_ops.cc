@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "exchange/channel_comm.h"
 #include "storage/row_format.h"
@@ -185,12 +186,21 @@ class RowAlltoallOp : public AsyncOpKernel {
     if (wire_ == RowFormat::kFloat32) {
       comm_->exchange_blocks(from, scount.data(), sdispl.data(), to, rcount.data(), rdispl.data(), "rows");
     } else {
-      const bool bf16 = wire_ == RowFormat::kBFloat16;
-      std::vector<uint16_t> send_bits(static_cast<size_t>(sdispl[world])), recv_bits(static_cast<size_t>(rdispl[world]));
-      for (size_t i = 0; i < send_bits.size(); ++i) send_bits[i] = bf16 ? row_format::float_to_bf16(from[i]) : row_format::float_to_half(from[i]);
-      comm_->exchange_blocks(send_bits.data(), scount.data(), sdispl.data(), recv_bits.data(), rcount.data(),
+      // Buffers of the kernel's own, reused step after step (one exchange at a time runs on its worker).
+      send_bits_.resize(static_cast<size_t>(sdispl[world]));
+      recv_bits_.resize(static_cast<size_t>(rdispl[world]));
+      if (wire_ == RowFormat::kBFloat16) {
+        for (size_t i = 0; i < send_bits_.size(); ++i) send_bits_[i] = row_format::float_to_bf16(from[i]);
+      } else {
+        for (size_t i = 0; i < send_bits_.size(); ++i) send_bits_[i] = row_format::float_to_half(from[i]);
+      }
+      comm_->exchange_blocks(send_bits_.data(), scount.data(), sdispl.data(), recv_bits_.data(), rcount.data(),
                              rdispl.data(), "rows");
-      for (size_t i = 0; i < recv_bits.size(); ++i) to[i] = bf16 ? row_format::bf16_to_float(recv_bits[i]) : row_format::half_to_float(recv_bits[i]);
+      if (wire_ == RowFormat::kBFloat16) {
+        for (size_t i = 0; i < recv_bits_.size(); ++i) to[i] = row_format::bf16_to_float(recv_bits_[i]);
+      } else {
+        for (size_t i = 0; i < recv_bits_.size(); ++i) to[i] = row_format::half_to_float(recv_bits_[i]);
+      }
       value_bytes = sizeof(uint16_t);
     }
     sent_->fetch_add(static_cast<int64_t>(sdispl[world] - scount[comm_->rank()]) * value_bytes);
@@ -199,6 +209,7 @@ class RowAlltoallOp : public AsyncOpKernel {
   std::string exchange_;
   float timeout_s_ = 0;
   RowFormat wire_ = RowFormat::kFloat32;
+  std::vector<uint16_t> send_bits_, recv_bits_;
   std::unique_ptr<ChannelComm> comm_;
   std::atomic<int64_t>* sent_ = nullptr;
   Worker worker_;
