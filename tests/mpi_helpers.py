@@ -34,9 +34,11 @@ def mpiexec(nprocs, job, *args, timeout=300, cwd=None, env=None, wrapper=None):
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            left = _processes_of(proc)
             out, err = _stacks_of_hung(proc)
-            raise AssertionError(f"{' '.join(cmd)}: still running after {timeout} s; every rank's Python stacks (SIGUSR1) "
-                                 f"are at the end of its stderr\nSTDOUT:\n{out[-4000:]}\nSTDERR:\n{err[-20000:]}") from None
+            raise AssertionError(f"{' '.join(cmd)}: still running after {timeout} s ({left}); every live rank's Python "
+                                 f"stacks (SIGUSR1) are at the end of its stderr\nSTDOUT:\n{out[-4000:]}\nSTDERR:\n"
+                                 f"{err[-20000:]}") from None
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -59,6 +61,18 @@ def segments_left_behind(before: set, settle_s: float = 10.0) -> set:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
+
+
+def _processes_of(proc):
+    """The launcher's processes and their states: whether the ranks or the launcher itself hang (a
+    rank left a zombie means the launcher stopped reaping its children)."""
+    found = []
+    for p in [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True):
+        try:
+            found.append(f"{p.name()} {p.pid} {p.status()}")
+        except psutil.Error:
+            pass
+    return ", ".join(found)
 
 
 def _stacks_of_hung(proc):

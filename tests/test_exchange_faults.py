@@ -80,10 +80,30 @@ def test_a_non_zero_exit_on_one_rank_ends_the_job_at_once_naming_rank_and_status
     assert "MPI_ABORT was invoked on rank 1" in proc.stderr
 
 
-def test_a_rank_that_fails_before_init_ends_the_job():
-    proc = mpiexec(2, JOB, "raise_before_init", timeout=120)
-    assert proc.returncode != 0
-    assert "RuntimeError: rank 1 fails before init()" in proc.stderr
+@pytest.mark.parametrize("mode,status,what", [
+    ("raise_before_init", 1, "uncaught error (RuntimeError: rank 1 fails before init())"),
+    ("exit_before_init", 5, "exiting with status 5")])
+def test_a_rank_that_fails_before_mpi_started_ends_the_job_through_mpi_abort(mode, status, what):
+    """Leaving the ending to mpiexec hung Open MPI 5.0's launcher now and then (rank 0 connecting to
+    it as it ended the job): the failing rank starts MPI, which returns once rank 0 has too, and
+    aborts. Run three times: each run meets the race at most once."""
+    for _ in range(3):
+        proc = mpiexec(2, JOB, mode, timeout=120)
+        assert proc.returncode == status, proc.stderr[-3000:]
+        assert (f"[rank 1/2] {what} before MPI started; starting MPI to end the whole job once every rank has "
+                f"started it (MPI_Abort, status {status};") in proc.stderr
+        assert "MPI_ABORT was invoked on rank 1" in proc.stderr
+
+
+def test_a_rank_that_fails_before_mpi_started_leaves_a_peer_that_never_starts_it_to_mpiexec():
+    """Rank 0 sleeps before init(): rank 1 waits SHARDREC_EXIT_TIMEOUT_S in MPI's start, then exits
+    and mpiexec ends the job (rank 0 asleep, not connecting)."""
+    proc = mpiexec(2, JOB, "raise_before_slow_init", timeout=90, env={"SHARDREC_EXIT_TIMEOUT_S": "5"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("(MPI_Abort, status 1; after 5 s, SHARDREC_EXIT_TIMEOUT_S, this rank writes its stack and exits with "
+            "status 1, and mpiexec ends the job)") in proc.stderr
+    assert "Timeout (0:00:05)!" in proc.stderr and "_abort_through_mpi" in proc.stderr
+    assert "RESULT rank=0" not in proc.stdout
 
 
 @pytest.mark.parametrize("mode,status", [("mpi_raise_before_init", "FileNotFoundError"),
@@ -98,9 +118,10 @@ def test_a_rank_that_fails_before_init_after_starting_mpi_itself_ends_the_job_in
     assert status in proc.stderr
 
 
-def test_a_supervised_rank_that_fails_before_init_is_named_by_the_supervisor(tmp_path):
+@pytest.mark.parametrize("mode", ["mpi_raise_before_init", "raise_before_init"])
+def test_a_supervised_rank_that_fails_before_init_is_named_by_the_supervisor(mode, tmp_path):
     proc = shardrec_run("-np", 2, "--max-restarts", 0, "--run-dir", tmp_path / "run", "--",
-                        sys.executable, os.path.join(JOBS, JOB), "mpi_raise_before_init", timeout=120)
+                        sys.executable, os.path.join(JOBS, JOB), mode, timeout=120)
     assert proc.returncode != 0
     assert "attempt 0 failed: rank 1 failed (status 1)" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 

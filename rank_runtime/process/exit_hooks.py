@@ -5,8 +5,8 @@ Installed when ``shardrec.rank_runtime`` (or ``mx_rec``) is imported, the one th
 does to the process: a script often starts MPI itself (``from mpi4py import MPI`` to read its rank
 and pick its data) and fails before it calls init(), on a wrong path on one host, say. Its peer is
 then inside init()'s first collective, and the failing rank's own exit hangs too, because MPI_Finalize
-waits for every rank. The hooks act only while MPI runs in this process with more than one rank,
-so a script without MPI, or one rank alone, exits as Python always does.
+waits for every rank. The hooks act only in a job of more than one rank, so a script without
+mpiexec, or one rank alone, exits as Python always does.
 
 - An uncaught error: a line naming the rank and the error, then MPI_Abort(1). From init() on
   (World), sys.excepthook does it at once, before any other exit handler runs (Horovod's shutdown,
@@ -15,6 +15,8 @@ so a script without MPI, or one rank alone, exits as Python always does.
   sys.excepthook the user's.
 - ``sys.exit`` with a failing status: a line naming the rank and the status, then MPI_Abort(status)
   (the status is recorded by a wrapper of sys.exit).
+- Either one before MPI started, in a rank that mpiexec launched with others: the rank starts MPI
+  at exit and aborts as above (_abort_through_mpi says why), rather than leave the ending to mpiexec.
 Python's atexit handlers run before mpi4py finalises MPI, which it does at the C level.
 
 A rank whose exit takes long says what it waits for, and the exit is bounded (the exit watch,
@@ -40,6 +42,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import List
 
+from .host_defaults import YIELD_WHEN_IDLE
 from .logs import get_logger
 
 
@@ -71,6 +74,12 @@ def _mpi_running():
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
 
 
+def _mpi_started():
+    """Whether MPI was started in this process (running or finalised since)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
+
+
 def _running_world():
     """(rank, size, COMM_WORLD) while MPI runs here with more than one rank, else None."""
     if not _mpi_running():
@@ -79,10 +88,43 @@ def _running_world():
     return (comm.Get_rank(), comm.Get_size(), comm) if comm.Get_size() > 1 else None
 
 
-def _launcher_rank():
-    """The rank mpiexec gave this process (its environment), for a rank that fails before MPI runs."""
+def _launcher_world():
+    """(rank, size) that mpiexec gave this process (its environment) when it launched several,
+    for a rank that fails before MPI runs; else None."""
     rank, size = os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_COMM_WORLD_SIZE")
-    return f"[rank {rank}/{size}] " if rank is not None and size is not None else ""
+    if rank is None or size is None or not size.isdigit() or int(size) < 2:
+        return None
+    return rank, size
+
+
+def _abort_through_mpi(rank: str, size: str, code: int, what: str) -> None:
+    """Starts MPI and calls MPI_Abort(code), so that the job ends the way a failure after MPI's start
+    ends it. Simply exiting leaves the ending to mpiexec, and Open MPI 5.0's launcher (its PMIx
+    server) can deadlock for ever, its children left unreaped and SIGTERM ignored, when a peer is
+    connecting to it in MPI's start at the moment it terminates the job (a peer that fails while
+    the others import TensorFlow: seen once in a CI run and once in 51 runs of that job). MPI's start returns only once every rank has
+    started it, so no peer is connecting when the abort comes. A peer that never starts MPI (busy
+    before init(), or a script without MPI) would hold this rank there: after SHARDREC_EXIT_TIMEOUT_S,
+    the bound of every exit, it exits (status 1) and leaves the ending to mpiexec."""
+    prefix = f"[rank {rank}/{size}] "
+    try:
+        wait = exit_timeout_s()
+    except ValueError:
+        wait = EXIT_TIMEOUT_S
+    _say(f"{prefix}{what} before MPI started; starting MPI to end the whole job once every rank has started it "
+         f"(MPI_Abort, status {code}; after {wait:g} s, {EXIT_TIMEOUT_ENV}, this rank writes its stack and exits with "
+         "status 1, and mpiexec ends the job)\n")
+    # The wait in MPI's start would otherwise spin on a core that the peers' start-up needs.
+    os.environ.setdefault(YIELD_WHEN_IDLE, "1")
+    # MPI's start holds the GIL, so no Python thread could bound it: faulthandler's watchdog is C.
+    faulthandler.dump_traceback_later(wait, exit=True)
+    try:
+        from mpi4py import MPI
+    except Exception as e:  # noqa: BLE001 - any failure here leaves the exit as it was
+        faulthandler.cancel_dump_traceback_later()
+        _say(f"{prefix}could not start MPI to end the job ({type(e).__name__}: {e}); exiting, mpiexec ends the job\n")
+        return
+    MPI.COMM_WORLD.Abort(code)
 
 
 def _say(text):
@@ -111,13 +153,17 @@ def install() -> None:
         # Python has printed an uncaught error's traceback (and set sys.last_value) by now.
         uncaught = getattr(sys, "last_value", None)
         world = _running_world()
+        status = _failing_status()
         if world is None:
-            prefix = _launcher_rank()
-            if prefix and uncaught is not None and not _mpi_running():
-                _say(f"{prefix}uncaught error before MPI started (mpiexec ends the job when this rank exits)\n")
+            launched = _launcher_world()
+            if launched is None or _mpi_started() or (status is None and uncaught is None):
+                return
+            if status is not None:
+                _abort_through_mpi(*launched, status if isinstance(status, int) else 1, f"exiting with status {status!r}")
+            else:
+                _abort_through_mpi(*launched, 1, f"uncaught error ({type(uncaught).__name__}: {uncaught})")
             return
         rank, size, comm = world
-        status = _failing_status()
         if status is not None:
             code = status if isinstance(status, int) else 1
             _say(f"[rank {rank}/{size}] exiting with status {status!r}, ending the whole job (MPI_Abort, status {code})\n")

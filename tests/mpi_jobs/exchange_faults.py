@@ -8,7 +8,9 @@
     eval_one_rank    both ranks train, then rank 0 alone evaluates (short exchange timeout)
     exit_status      rank 1 calls sys.exit(3) while rank 0 trains on
     step_one_rank    both ranks' pipelines run, but only rank 0 runs a training step (short timeout)
-    raise_before_init  rank 1 raises after importing mx_rec, before init()
+    raise_before_init  rank 1 raises after importing mx_rec, before init() and before MPI started
+    exit_before_init   likewise, rank 1 calls sys.exit(5) instead
+    raise_before_slow_init  rank 1 raises before MPI started; rank 0 sleeps 100 s before init()
     mpi_raise_before_init  the same after the script started MPI itself (mpi4py, to read its rank): the
                      FileNotFoundError of a wrong data path on one host
     mpi_exit_before_init   likewise, rank 1 calls sys.exit(4) instead
@@ -306,9 +308,13 @@ if __name__ == "__main__":
         caught(False, overflow_ids, 1000, send_count=4)
     elif MODE == "full_table":
         caught(True, full_table_ids, 20)
-    elif MODE == "raise_before_init":
-        if int(__import__("os").environ.get("OMPI_COMM_WORLD_RANK", "0")) == 1:
+    elif MODE in ("raise_before_init", "exit_before_init", "raise_before_slow_init"):
+        if int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == 1:
+            if MODE == "exit_before_init":
+                sys.exit(5)
             raise RuntimeError("rank 1 fails before init()")
+        if MODE == "raise_before_slow_init":
+            time.sleep(100)
         init()
         say("RESULT rank=0 initialised")
         get_world = __import__("shardrec.rank_runtime.process.world", fromlist=["get_world"]).get_world
