@@ -67,7 +67,12 @@ def _processes_of(proc):
     """The launcher's processes and their states: whether the ranks or the launcher itself hang (a
     rank left a zombie means the launcher stopped reaping its children)."""
     found = []
-    for p in [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True):
+    try:
+        launcher = psutil.Process(proc.pid)
+        processes = [launcher] + launcher.children(recursive=True)
+    except psutil.Error:
+        return "the launcher has just exited"
+    for p in processes:
         try:
             found.append(f"{p.name()} {p.pid} {p.status()}")
         except psutil.Error:

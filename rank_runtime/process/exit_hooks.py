@@ -102,10 +102,11 @@ def _abort_through_mpi(rank: str, size: str, code: int, what: str) -> None:
     ends it. Simply exiting leaves the ending to mpiexec, and Open MPI 5.0's launcher (its PMIx
     server) can deadlock for ever, its children left unreaped and SIGTERM ignored, when a peer is
     connecting to it in MPI's start at the moment it terminates the job (a peer that fails while
-    the others import TensorFlow: seen once in a CI run and once in 51 runs of that job). MPI's start returns only once every rank has
-    started it, so no peer is connecting when the abort comes. A peer that never starts MPI (busy
-    before init(), or a script without MPI) would hold this rank there: after SHARDREC_EXIT_TIMEOUT_S,
-    the bound of every exit, it exits (status 1) and leaves the ending to mpiexec."""
+    the others import TensorFlow: seen once in a CI run and once in 51 runs of that job). MPI's
+    start returns only once every rank has started it, so no peer is connecting when the abort
+    comes. A peer that never starts MPI (busy before init(), or a script without MPI) would hold
+    this rank there: after SHARDREC_EXIT_TIMEOUT_S, the bound of every exit, it exits (status 1)
+    and leaves the ending to mpiexec."""
     prefix = f"[rank {rank}/{size}] "
     try:
         wait = exit_timeout_s()
