@@ -4,7 +4,8 @@
 #   launch/mpirun.sh 2 -- python examples/wide_deep.py
 #   launch/mpirun.sh 4 launch/hostfile.example -- python train.py
 # Environment: SHARDREC_FORWARD="VAR1 VAR2" forwards more variables to remote ranks;
-# SHARDREC_BIND=core pins each rank to a core (only when ranks <= cores).
+# SHARDREC_BIND=core pins each rank to a core (only when ranks <= cores); SHARDREC_LAUNCHER_HANG_S
+# (default 30): how long mpiexec may outlive every rank it started on this host before it is killed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 np=${1:?usage: launch/mpirun.sh N [HOSTFILE] -- COMMAND...}
@@ -17,6 +18,11 @@ if [ "${1:-}" != "--" ] && [ -n "${1:-}" ]; then
 fi
 [ "${1:-}" = "--" ] && shift
 [ $# -gt 0 ] || { echo "launch/mpirun.sh: no COMMAND after --" >&2; exit 2; }
+hang_s=${SHARDREC_LAUNCHER_HANG_S:-30}
+[[ "$hang_s" =~ ^[0-9]+$ ]] && [ "$hang_s" -gt 0 ] || {
+  echo "launch/mpirun.sh: SHARDREC_LAUNCHER_HANG_S=$hang_s: give a whole number of seconds > 0, or leave it unset for 30" >&2
+  exit 2
+}
 mpiexec="$here/.venv/bin/mpiexec"
 [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec)
 # Open MPI refuses root without these; containers run as root.
@@ -35,9 +41,37 @@ done
 # hard leaves its rendezvous files behind, and a later mpiexec that gets the same PID (they are
 # reused) then cannot start ("The PMIx server's listener thread failed to start").
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardrec-mpi-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+watcher=""
+trap 'rm -rf "$tmp"; [ -z "$watcher" ] || kill "$watcher" 2>/dev/null' EXIT
 TMPDIR="$tmp" "$mpiexec" "${args[@]}" "$@" <&0 &
 child=$!
+
+# Open MPI 5.0.11's launcher can deadlock as it ends a job (a peer connecting to it at that moment,
+# docs/guide/launching.md): its ranks ended and left unreaped, it never exits and ignores SIGTERM.
+# Once every process it started on this host has ended for $hang_s s while it still runs, it is
+# SIGKILLed and the launch fails saying so. A launcher with remote hosts keeps its ssh children, so
+# this never fires on one that still waits for them.
+watch_launcher() {
+  local seen=0 since=""
+  while kill -0 "$child" 2>/dev/null; do
+    if ps -o stat= --ppid "$child" | grep -qv '^Z'; then
+      seen=1 since=""
+    elif [ "$seen" = 1 ]; then
+      since=${since:-$SECONDS}
+      if (( SECONDS - since >= hang_s )); then
+        echo "launch/mpirun.sh: mpiexec (pid $child) still runs $hang_s s after every rank it started here ended" \
+             "(Open MPI's launcher deadlocked ending the job, docs/guide/launching.md); killing it, the launch fails" \
+             "(SHARDREC_LAUNCHER_HANG_S)" >&2
+        : > "$tmp/launcher-hung"
+        kill -KILL "$child"
+        return
+      fi
+    fi
+    sleep 0.5
+  done
+}
+watch_launcher &
+watcher=$!
 trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
 set +e
 wait "$child"
@@ -47,4 +81,5 @@ while kill -0 "$child" 2>/dev/null; do
   wait "$child"
   code=$?
 done
+[ -e "$tmp/launcher-hung" ] && code=1
 exit "$code"
