@@ -233,9 +233,10 @@ def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
     try:
         _, err = proc.communicate(timeout=60)
     finally:  # a script that did not kill it must not leave a frozen launcher to the next tests
-        for left in (launcher, psutil.Process(proc.pid)):
-            if left.is_running():
-                left.kill()
+        if proc.poll() is None:
+            proc.kill()
+        if launcher.is_running():
+            launcher.kill()
     assert proc.returncode == 1, err[-3000:]
     assert (f"launch/mpirun.sh: mpiexec (pid {launcher.pid}) still runs 3 s after every rank it started here ended "
             "(Open MPI's launcher deadlocked ending the job") in err
