@@ -224,8 +224,14 @@ def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
     found = []
 
     def launcher_with_its_ranks():
-        found[:] = [p for p in psutil.Process(proc.pid).children() if len(p.children()) == 2]
-        return bool(found)
+        for child in psutil.Process(proc.pid).children():  # the script's watcher is a child too
+            try:
+                if child.name() in ("prterun", "mpiexec") and len(child.children()) == 2:
+                    found[:] = [child]
+                    return True
+            except psutil.Error:  # a child of a moment (the watcher's ps) gone meanwhile
+                pass
+        return False
 
     wait_for(launcher_with_its_ranks, proc, 60, "mpiexec started with its 2 ranks")
     launcher = found[0]
