@@ -1,0 +1,60 @@
+"""launch/mpirun.sh, the plain Open MPI launch without the supervisor: a job runs, a bad hostfile is
+named, and a launcher that outlives its ranks is killed."""
+import os
+import re
+import subprocess
+import sys
+
+import psutil
+
+from mpi_helpers import JOBS
+from supervisor_helpers import run_env
+from waits import wait_for
+
+
+def test_plain_mpirun_script_runs_a_job_without_the_supervisor(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = run_env()
+    proc = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable,
+                           os.path.join(JOBS, "global_size.py")], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.findall(r"SIZES rank=\d local=(\d+) global=(\d+)", proc.stdout) == [("40", "80")] * 2
+    bad = subprocess.run(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "/nonexistent/hosts", "--", "true"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "hostfile /nonexistent/hosts cannot be read" in bad.stderr
+
+
+def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
+    """Open MPI's launcher deadlocked as it ended a job leaves its ranks unreaped and never exits; a
+    frozen launcher (SIGSTOP once its two ranks run) does the same, for certain. The script kills it
+    SHARDREC_LAUNCHER_HANG_S after its ranks ended and fails saying why."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable, "-c",
+                             "import time; time.sleep(2)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=run_env(SHARDREC_LAUNCHER_HANG_S="3"))
+    found = []
+
+    def launcher_with_its_ranks():
+        for child in psutil.Process(proc.pid).children():  # the script's watcher is a child too
+            try:
+                if child.name() in ("prterun", "mpiexec") and len(child.children()) == 2:
+                    found[:] = [child]
+                    return True
+            except psutil.Error:  # a child of a moment (the watcher's ps) gone meanwhile
+                pass
+        return False
+
+    wait_for(launcher_with_its_ranks, proc, 60, "mpiexec started with its 2 ranks")
+    launcher = found[0]
+    launcher.suspend()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:  # a script that did not kill it must not leave a frozen launcher to the next tests
+        if proc.poll() is None:
+            proc.kill()
+        if launcher.is_running():
+            launcher.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert (f"launch/mpirun.sh: mpiexec (pid {launcher.pid}) still runs 3 s after every rank it started here ended "
+            "(Open MPI's launcher deadlocked ending the job") in err
+    assert not launcher.is_running() or launcher.status() == psutil.STATUS_ZOMBIE
