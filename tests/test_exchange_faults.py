@@ -97,7 +97,7 @@ def test_a_rank_that_fails_before_mpi_started_ends_the_job_through_mpi_abort(mod
 
 def test_a_rank_that_fails_before_mpi_started_leaves_a_peer_that_never_starts_it_to_mpiexec():
     """Rank 0 sleeps before init(): rank 1 waits SHARDREC_EXIT_TIMEOUT_S in MPI's start, then exits
-    and mpiexec ends the job (rank 0 asleep, not connecting)."""
+    and mpiexec ends the job (rank 0 waiting, not connecting)."""
     proc = mpiexec(2, JOB, "raise_before_slow_init", timeout=90, env={"SHARDREC_EXIT_TIMEOUT_S": "5"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert ("(MPI_Abort, status 1; after 5 s, SHARDREC_EXIT_TIMEOUT_S, this rank writes its stack and exits with "

@@ -10,7 +10,7 @@
     step_one_rank    both ranks' pipelines run, but only rank 0 runs a training step (short timeout)
     raise_before_init  rank 1 raises after importing mx_rec, before init() and before MPI started
     exit_before_init   likewise, rank 1 calls sys.exit(5) instead
-    raise_before_slow_init  rank 1 raises before MPI started; rank 0 sleeps 100 s before init()
+    raise_before_slow_init  rank 1 raises before MPI started; rank 0 waits for a signal before init()
     mpi_raise_before_init  the same after the script started MPI itself (mpi4py, to read its rank): the
                      FileNotFoundError of a wrong data path on one host
     mpi_exit_before_init   likewise, rank 1 calls sys.exit(4) instead
@@ -314,7 +314,7 @@ if __name__ == "__main__":
                 sys.exit(5)
             raise RuntimeError("rank 1 fails before init()")
         if MODE == "raise_before_slow_init":
-            time.sleep(100)
+            __import__("signal").pause()  # busy before init() until mpiexec ends the job
         init()
         say("RESULT rank=0 initialised")
         get_world = __import__("shardrec.rank_runtime.process.world", fromlist=["get_world"]).get_world
