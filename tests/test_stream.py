@@ -236,13 +236,16 @@ def _ids_up_to(ids_by_file, positions, files, directory):
 
 
 class _Drained:
-    """Whether the attempt's ranks have trained all there was: a rank waits for stream data, and a
-    later beat of every rank (the heartbeat's tick) finds the same steps, still waiting. Called
-    again and again (waits.wait_for): each call compares the beats with those of the first that
-    saw a rank waiting."""
+    """Whether the attempt's ranks have trained all there was: every rank is at step `at_least` or
+    later (the reader runs ahead of the steps, so it waits for data before the first step of an
+    attempt), a rank waits for stream data, and beats of every rank a heartbeat tick (5 s) later
+    find the same steps, still waiting (a reader that waits and gets data again writes beats within
+    one step). Called again and again (waits.wait_for): each call compares the beats with those of
+    the first that saw a rank waiting."""
 
-    def __init__(self, run, attempt, ranks):
+    def __init__(self, run, attempt, ranks, at_least):
         self.files = [run / f"attempt-{attempt}" / "heartbeat" / f"rank-{r}.json" for r in range(ranks)]
+        self.at_least = at_least
         self.first = None
 
     def _beats(self):
@@ -255,13 +258,14 @@ class _Drained:
 
     def __call__(self):
         beats = self._beats()
-        if not beats or not any(b.get("waiting_for_data") for b in beats):
+        if not beats or not any(b.get("waiting_for_data") for b in beats) \
+                or not all((b.get("step") or 0) >= self.at_least for b in beats):
             self.first = None
             return False
         if self.first is None or [b.get("step") for b in beats] != [b.get("step") for b in self.first]:
             self.first = beats
             return False
-        return all(b["time"] > a["time"] for a, b in zip(self.first, beats))
+        return all(b["time"] >= a["time"] + 5.0 for a, b in zip(self.first, beats))
 
 
 @pytest.mark.parametrize("source", ["directory", "redis"])
@@ -312,7 +316,11 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
         listing.write_text("localhost:2\n")
         wait_for(lambda: (run / "attempt-2" / "command.json").exists(), proc, 240, "attempt 2")
         more()
-        wait_for(_Drained(run, 2, 2), proc, 240, "every record trained")
+        # Records at step T >= the grow's checkpoint G: 2 ranks x 8 to step 5, 1 rank x 8 to G, then
+        # 2 x 8 a step; the first data (288 records) is trained by step G + ceil((208 - 8 (G - 5)) / 16).
+        grown = int(started(run, 2)[2].rsplit("-", 1)[1])
+        first_data = grown + max(0, -(-(4 * 3 * 24 - 80 - 8 * (grown - 5)) // 16))
+        wait_for(_Drained(run, 2, 2, first_data), proc, 240, f"every record trained (step {first_data} or later)")
         figures = _scrape(port)  # rank 0 of attempt 2: one restart (the kill) and one resize (the grow) before
         assert [figures[(f"shardrec_supervisor_{n}", (("rank", "0"),))] for n in ("restarts", "resizes", "attempt")] \
             == [1, 1, 2], figures
@@ -334,7 +342,6 @@ def test_a_supervised_stream_job_trains_every_record_once_across_a_kill_a_shrink
     assert len(find_checkpoints(str(model))) <= 3  # Saver(max_to_keep=3), across every attempt
     # The same records trained without a kill, by as many ranks for the same steps (2 ranks to step
     # 5, 1 to the step the grow saved, 2 to the end): the same tables and dense part, bit for bit.
-    grown = int(started(run, 2)[2].rsplit("-", 1)[1])
     for ranks, stop in ((2, 5), (1, grown), (2, step)):
         check(mpiexec(ranks, "stream_job.py", *where, "--partitions", 4, "--out", out, "--tag", "reference",
                       "--model", tmp_path / "reference", "--every", 5, "--idle", 2, "--access-threshold", 3,
