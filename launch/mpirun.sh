@@ -52,10 +52,13 @@ child=$!
 # SIGKILLed and the launch fails saying so. A launcher with remote hosts keeps its ssh children, so
 # this never fires on one that still waits for them.
 watch_launcher() {
-  local seen=0 since=""
+  local seen=0 since="" stats
   while kill -0 "$child" 2>/dev/null; do
-    if ps -o stat= --ppid "$child" | grep -qv '^Z'; then
-      seen=1 since=""
+    stats=$(ps -o stat= --ppid "$child") || true  # ps fails when it lists none
+    # A rank seen once, even only as a zombie (one that ended within a poll is still listed so).
+    [ -z "$stats" ] || seen=1
+    if grep -qv '^Z' <<<"$stats"; then
+      since=""
     elif [ "$seen" = 1 ]; then
       since=${since:-$SECONDS}
       if (( SECONDS - since >= hang_s )); then

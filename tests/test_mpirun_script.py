@@ -24,13 +24,23 @@ def test_plain_mpirun_script_runs_a_job_without_the_supervisor(tmp_path):
     assert bad.returncode == 2 and "hostfile /nonexistent/hosts cannot be read" in bad.stderr
 
 
+# A rank that ends once its launcher is stopped (SIGSTOP: state T in /proc/PID/stat, after the
+# command name in parentheses), or after 60 s, when the test has failed already.
+_UNTIL_THE_LAUNCHER_STOPS = """
+import os, time
+stat, deadline = f"/proc/{os.getppid()}/stat", time.monotonic() + 60
+while open(stat).read().rpartition(")")[2].split()[0] != "T" and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
 def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
     """Open MPI's launcher deadlocked as it ended a job leaves its ranks unreaped and never exits; a
     frozen launcher (SIGSTOP once its two ranks run) does the same, for certain. The script kills it
     SHARDREC_LAUNCHER_HANG_S after its ranks ended and fails saying why."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable, "-c",
-                             "import time; time.sleep(2)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             _UNTIL_THE_LAUNCHER_STOPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=run_env(SHARDREC_LAUNCHER_HANG_S="3"))
     found = []
 
