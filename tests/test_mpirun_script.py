@@ -36,8 +36,9 @@ while open(stat).read().rpartition(")")[2].split()[0] != "T" and time.monotonic(
 
 def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
     """Open MPI's launcher deadlocked as it ended a job leaves its ranks unreaped and never exits; a
-    frozen launcher (SIGSTOP once its two ranks run) does the same, for certain. The script kills it
-    SHARDREC_LAUNCHER_HANG_S after its ranks ended and fails saying why."""
+    frozen launcher (SIGSTOP once its two ranks run) does the same, for certain. Its ranks end as
+    soon as it stops, within one of the script's polls (the watcher sees them only as zombies). The
+    script kills it SHARDREC_LAUNCHER_HANG_S after its ranks ended and fails saying why."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen(["bash", os.path.join(root, "launch", "mpirun.sh"), "2", "--", sys.executable, "-c",
                              _UNTIL_THE_LAUNCHER_STOPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
