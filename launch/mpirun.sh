@@ -55,9 +55,10 @@ watch_launcher() {
   local seen=0 since="" stats
   while kill -0 "$child" 2>/dev/null; do
     stats=$(ps -o stat= --ppid "$child") || true  # ps fails when it lists none
-    # A rank seen once, even only as a zombie (one that ended within a poll is still listed so).
+    # A rank seen once, even only as a zombie (one that ended within a poll is still listed so);
+    # then none listed (reaped) or only zombies is every rank ended.
     [ -z "$stats" ] || seen=1
-    if grep -qv '^Z' <<<"$stats"; then
+    if [ -n "$stats" ] && grep -qv '^Z' <<<"$stats"; then
       since=""
     elif [ "$seen" = 1 ]; then
       since=${since:-$SECONDS}

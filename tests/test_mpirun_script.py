@@ -69,3 +69,40 @@ def test_plain_mpirun_script_kills_a_launcher_that_outlives_its_ranks():
     assert (f"launch/mpirun.sh: mpiexec (pid {launcher.pid}) still runs 3 s after every rank it started here ended "
             "(Open MPI's launcher deadlocked ending the job") in err
     assert not launcher.is_running() or launcher.status() == psutil.STATUS_ZOMBIE
+
+
+# Stands in for a launcher that reaps its ranks and then never exits, deaf to SIGTERM (what the
+# watcher must also catch: every rank gone, not only zombies). Skips mpiexec's options, runs the
+# command, then becomes a sleep with no children.
+_REAPING_HUNG_LAUNCHER = """#!/usr/bin/env bash
+echo $$ > "${0%/*}/launcher.pid"
+while [ $# -gt 0 ] && [[ "$1" == -* ]]; do case "$1" in -np|-x|--hostfile|--bind-to) shift 2;; *) shift;; esac; done
+"$@"
+trap '' TERM
+exec sleep 600
+"""
+
+
+def test_plain_mpirun_script_kills_a_launcher_whose_ranks_are_gone(tmp_path):
+    """The script as installed beside a launcher that reaped its one rank (a process of 2 s, seen by
+    the watcher's 0.5 s polls) and hangs: killed SHARDREC_LAUNCHER_HANG_S later, exit 1."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "launch").mkdir()
+    script = tmp_path / "launch" / "mpirun.sh"
+    script.write_text(open(os.path.join(root, "launch", "mpirun.sh")).read())
+    launcher = tmp_path / ".venv" / "bin" / "mpiexec"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text(_REAPING_HUNG_LAUNCHER)
+    launcher.chmod(0o755)
+    try:
+        proc = subprocess.run(["bash", str(script), "1", "--", "sleep", "2"], capture_output=True, text=True,
+                              timeout=60, env=run_env(SHARDREC_LAUNCHER_HANG_S="2"))
+    finally:  # a script that did not kill it must not leave it to the next tests
+        pid = int((launcher.parent / "launcher.pid").read_text())
+        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        if alive:
+            psutil.Process(pid).kill()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"mpiexec (pid {pid}) still runs 2 s after every rank it started here ended" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert not alive
