@@ -173,7 +173,7 @@ def tfra_horovod(dataset, dim, optimizer, capacity):
 
 
 def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, prefetch=4, memory_fraction=None,
-             ssd_path=None):
+             ssd_path=None, sharding=None):
     """shardrec: the key pipeline in the dataset, sparse_lookup, a sparse optimizer. faae: feature
     admission (access_threshold 2) and eviction (keys unseen for 20 steps, every `evict_every`
     steps by EvictHook; 0: admission alone), the timestamps being the step numbers.
@@ -182,7 +182,7 @@ def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, pre
     from mx_rec.core.feature_process import EvictHook
     from mx_rec.optimizers import gradient_descent, lazy_adam
     from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
-                              sparse_lookup, start_asc_pipeline)
+                              get_rank_size, sparse_lookup, start_asc_pipeline)
 
     thresholds = {"access_threshold": 2, "eviction_threshold": 20} if faae else {}
     spec = FeatureSpec("ids", table_name="emb", **thresholds)
@@ -194,8 +194,11 @@ def shardrec(dataset, dim, optimizer, capacity, faae=False, evict_every=100, pre
         memory = max(2, int(capacity * memory_fraction))
         tiers = dict(device_vocabulary_size=memory // 2, host_vocabulary_size=memory - memory // 2,
                      ssd_vocabulary_size=capacity, ssd_data_path=[ssd_path])
+    # sharding: a placement (docs/guide/sharding.md); column_wise over every rank, table_wise on rank 0.
+    placed = {} if sharding is None else {"sharding": sharding, "sharding_rank": (
+        list(range(get_rank_size())) if sharding == "column_wise" else 0 if sharding == "table_wise" else None)}
     table = create_table(tf.int64, dim, "emb", tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=1),
-                         **tiers)
+                         **tiers, **placed)
     emb = sparse_lookup(table, spec, batch=batch)
     _, sparse = get_dense_and_sparse_variable()
     opt = (gradient_descent.create_hash_optimizer(LR) if optimizer == "sgd"

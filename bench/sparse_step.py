@@ -3,6 +3,7 @@
     python bench/sparse_step.py --peer shardrec --dim 16 --optimizer lazy_adam [--batches 40] [--faae]
                                 [--feed records|parquet|step-only]
     python bench/sparse_step.py --peer shardrec --memory-fraction 0.1 [--ssd-path DIR]   (an SSD tier)
+    mpiexec -np 2 python bench/sparse_step.py --peer shardrec --sharding column_wise ...  (a placement)
     mpiexec -np 2 python bench/sparse_step.py --peer shardrec ...     (aggregate over the ranks)
 
 The default feed is a user's (workload.py): TFRecord files of tf.train.Example read by tf.data,
@@ -52,6 +53,8 @@ def main(argv=None):
                    help="shardrec: admission (threshold 2) and eviction (peers.shardrec)")
     p.add_argument("--evict-every", type=int, default=100, help="with --faae: steps between evictions (0: none)")
     p.add_argument("--prefetch", type=int, default=4, help="shardrec: batches the key pipeline runs ahead")
+    p.add_argument("--sharding", default=None, help="shardrec: the table's create_table(sharding=): row_wise "
+                   "(default), replicated, table_wise or column_wise (over every rank)")
     p.add_argument("--memory-fraction", type=float, default=0.0,
                    help="shardrec: an SSD tier, with this fraction of the keys in memory (0: every key in memory)")
     p.add_argument("--ssd-path", default=None, help="with --memory-fraction: where the SSD files go (default: /tmp)")
@@ -103,6 +106,8 @@ def main(argv=None):
     ssd_dir = None
     if args.peer == "shardrec":
         extra["prefetch"] = args.prefetch
+        if args.sharding:
+            extra["sharding"] = args.sharding
         if args.memory_fraction:
             ssd_dir = tempfile.mkdtemp(prefix="shardrec-bench-ssd-", dir=args.ssd_path)
             extra.update(memory_fraction=args.memory_fraction, ssd_path=ssd_dir)

@@ -1,6 +1,7 @@
 """The benchmark's short mode runs and its JSON has every row (no timing is asserted)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -113,3 +114,17 @@ def test_the_row_dtypes_benchmark_reports_every_configuration_against_float32():
     assert sizes == {"float32": 3 * 8 * 4 + 13, "float16": 8 * 2 + 2 * 8 * 4 + 13, "bfloat16": 8 * 2 + 2 * 8 * 4 + 13,
                      "float16+bf16_slots": 3 * 8 * 2 + 13}, sizes
     assert all(line[c]["cpu_us_per_id"] > 0 for c in sizes)
+
+
+def test_the_placements_benchmark_runs_one_table_under_each_placement_on_two_ranks():
+    """bench/placements.py in one small round: a job per placement, each with its CPU time per id,
+    every ratio to the first placement (row-wise) printed."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "placements.py"), "--rounds", "1",
+                           "--placements", "row_wise", "column_wise", "--dim", "8", "--batch", "256", "--fields", "4",
+                           "--steps", "4", "--warmup", "1", "--windows", "1", "--batches", "4", "--feed", "step-only"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert [r["placement"] for r in report["runs"]] == ["row_wise", "column_wise"]
+    assert all(r["cpu_ns_per_id"] > 0 and r["ids_per_s"] > 0 for r in report["runs"])
+    assert re.search(r"round 1: row_wise 1\.00x, column_wise \d+\.\d\dx", proc.stdout), proc.stdout

@@ -124,14 +124,15 @@ def test_the_checkpoint_hook_saves_fulls_and_deltas_by_the_timers(tmp_path):
     assert np.array_equal(end["w"], latest["w"])
 
 
-@pytest.mark.parametrize("variant", ["ssd", "expand"])
-def test_chains_of_ssd_tiered_and_growing_tables(tmp_path, variant):
+@pytest.mark.parametrize("variant", ["ssd", "expand", "columns"])
+def test_chains_of_ssd_tiered_growing_and_column_wise_tables(tmp_path, variant):
     """With an SSD tier (40 memory rows per rank of 2, two batches' keys: rows move between the
-    tiers every step, their changed-flags with them) and with dynamic expansion, a chain restores
-    exactly the full save of its step."""
+    tiers every step, their changed-flags with them), with dynamic expansion, and column-wise (each
+    slice rank's delta joined into whole rows; restored row-wise), a chain restores exactly the full
+    save of its step."""
     def option(name):
-        if variant == "expand":
-            return ("--expand",)
+        if variant != "ssd":
+            return () if name == "ssd-restore" and variant == "columns" else (f"--{variant}",)
         os.makedirs(tmp_path / name, exist_ok=True)
         return ("--ssd", str(tmp_path / name))
 
@@ -151,14 +152,18 @@ def kinds(directory, world):
             for m in [re.search(r"sparse-model-(\d+)/", f)]}
 
 
-def test_a_delta_on_a_full_disk_fails_on_every_rank_and_the_next_save_is_full(tmp_path, runs):
+@pytest.mark.parametrize("placement", ["row_wise", "column_wise"])
+def test_a_delta_on_a_full_disk_fails_on_every_rank_and_the_next_save_is_full(tmp_path, runs, placement):
     """After the full save of step 16 the disk is full: the delta of step 20 fails on every rank and
     leaves nothing listed; step 16 stays the latest; the next save (asked as a delta) is a full one,
-    and equals the full save of its step."""
+    and equals the full save of its step. Column-wise: the slice rank that cannot write tells the one
+    that joins the slices, and both fail."""
     small = tmp_path / "small"
     wrapper = small_disk(small, 8)
+    extra = ("--columns",) if placement == "column_wise" else ()
     try:
-        proc = check(mpiexec(2, JOB, small, "train", "--saves", CHAIN, "--fill-after", "16", "--catch", wrapper=wrapper))
+        proc = check(mpiexec(2, JOB, small, "train", "--saves", CHAIN, "--fill-after", "16", "--catch", *extra,
+                             wrapper=wrapper))
         refused = re.findall(r"SAVE-REFUSED rank=(\d) step=(\d+): (.*)", proc.stdout)
         assert sorted((r, s) for r, s, _ in refused) == [("0", "20"), ("1", "20")], proc.stdout[-3000:]
         assert all("No space left on device" in m and "the previous checkpoint stays the latest" in m
@@ -166,7 +171,8 @@ def test_a_delta_on_a_full_disk_fails_on_every_rank_and_the_next_save_is_full(tm
         if wrapper is None:  # the tmpfs outlives the job only when this process could mount it
             assert kinds(small, 2) == {4: "full", 8: "delta", 12: "delta", 16: "full", 24: "full"}
             assert not glob.glob(f"{small}/*sparse-model-20*")  # neither in place nor staged
-            got = restored(str(tmp_path), 2, [str(small / "model-24"), os.path.join(runs[("full", 2)], "model-24")])
+            full = runs[("full", 2)] if not extra else train(str(tmp_path / "full"), 2, FULL, "--plain", *extra)
+            got = restored(str(tmp_path), 2, [str(small / "model-24"), os.path.join(full, "model-24")])
             assert_same(got[0], got[1], "the full save after a failed delta")
     finally:
         if wrapper is None:

@@ -29,7 +29,11 @@ CONFIGS = ["ragged-sum-now-sgd", "sparse-mean-now-sgd", "graph-sqrtn-now-sgd",
            "sparse-sqrtn-w-sgd-expansion", "ragged-mean-now-lazy_adam-expansion",
            "ragged-sum-w-sgd-static", "graph-mean-now-lazy_adam-static",
            "ragged-mean-w-lazy_adam-tablewise", "graph-sum-now-sgd-tablewise",
-           "sparse-sqrtn-w-lazy_adam-replicated", "graph-mean-now-sgd-replicated", "ragged-sum-w-sgd-admission-replicated"]
+           "sparse-sqrtn-w-lazy_adam-replicated", "graph-mean-now-sgd-replicated",
+           "ragged-sum-w-sgd-admission-replicated", "ragged-mean-w-lazy_adam-columnwise",
+           "graph-sum-now-sgd-columnwise", "sparse-sqrtn-w-sgd-admission-columnwise",
+           "ragged-sum-now-lazy_adam-expansion-columnwise", "graph-mean-w-sgd-static-columnwise",
+           "graph-mean-w-sgd-static-tablewise"]
 RANKS = (1, 2, 3)
 
 
@@ -50,9 +54,14 @@ def shardrec_rows(directory, config, n):
     for path in paths:
         part = np.load(path)
         assert int(part["steps"]) == job.STEPS
-        if "expansion" in config:
+        if "expansion" in config and len(part["keys"]):
             assert int(part["capacity"]) > 8, "the table grew past its first capacity"
-        rows.update(zip(part["keys"].tolist(), part["rows"]))
+        start, stop = part["columns"].tolist()  # a column-wise table's slice: its columns of each row
+        for key, row in zip(part["keys"].tolist(), part["rows"]):
+            if key in rows and stop - start == job.DIM:  # only a replicated table's rows are on two ranks, alike
+                assert "replicated" in config, f"key {key} on two ranks"
+                np.testing.assert_array_equal(rows[key], row, err_msg=f"{config}: replicas of key {key} differ")
+            rows.setdefault(key, np.full(job.DIM, np.nan, np.float32))[start:stop] = row
     return rows
 
 

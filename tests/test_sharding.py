@@ -31,14 +31,22 @@ def run(tmp, n, tag, *args, opts=("sgd",), modes=("plain",)):
 
 
 def held(parts, table, column="values"):
-    """{key: row of `column`} over every rank; a replicated table's rows must be the same on every rank."""
-    out = {}
+    """{key: row of `column`} over every rank; a replicated table's rows must be the same on every
+    rank; a column-wise table's slices (each slice rank's export: its columns) are joined in rank order."""
+    out, slices = {}, {}
     for part in parts:
+        placement = str(part[f"{table}.placement"])
         for key, row in zip(part[f"{table}.keys"].tolist(), part[f"{table}.{column}"]):
+            if placement.startswith("column_wise"):
+                slices.setdefault(key, []).append(row)
+                continue
             if key in out:
-                assert str(part[f"{table}.placement"]) == "replicated", f"{table}: key {key} on two ranks"
+                assert placement == "replicated", f"{table}: key {key} on two ranks"
                 np.testing.assert_array_equal(out[key], row, err_msg=f"{table}: replicas of key {key} differ")
             out[key] = row
+    for key, rows in slices.items():
+        assert key not in out and sum(len(r) for r in rows) == job.DIM, f"{table}: key {key}'s slices {rows}"
+        out[key] = np.concatenate(rows)
     return out
 
 
@@ -86,9 +94,12 @@ def plain_tensorflow(opt):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_placement_trains_as_plain_tensorflow(tmp_path, n):
-    runs = run(tmp_path, n, "t", opts=("sgd", "lazy_adam"))
+    """Dynamic shapes, and static ones (send_count: every block padded, so a column-wise table's
+    slices come back at padded offsets)."""
+    runs = run(tmp_path, n, "t", opts=("sgd", "lazy_adam"), modes=("plain", "static"))
     for opt in ("sgd", "lazy_adam"):
-        check_against_plain_tensorflow(runs[opt, "plain"], n, opt)
+        for mode in ("plain", "static"):
+            check_against_plain_tensorflow(runs[opt, mode], n, opt)
 
 
 def check_against_plain_tensorflow(parts, n, opt):
@@ -102,24 +113,31 @@ def check_against_plain_tensorflow(parts, n, opt):
         assert max(np.abs(r - 0.1).max() for r in rows.values()) > 0.01, "training moved the rows"
         for key, row in reference[table].items():
             np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{table} key {key}")
-    # Where each table's keys live: b on the last rank alone, c on every rank, a by key mod n.
+    # Where each table's keys live: b on the last rank alone, c on every rank, a by key mod n, d's
+    # every key on each of the last two ranks (on one rank: that one), with half of each row there.
+    slices = min(n, 2)
     for rank, part in enumerate(parts):
         assert (len(part["b.keys"]) > 0) == (rank == n - 1)
         assert sorted(part["c.keys"].tolist()) == sorted(reference["c"])
         assert all(k % n == rank for k in part["a.keys"].tolist())
+        on_slice = rank >= n - slices
+        assert sorted(part["d.keys"].tolist()) == (sorted(reference["d"]) if on_slice else [])
+        assert part["d.values"].shape[1:] == (job.DIM // slices,)
 
 
 def test_the_planners_plan_is_printed_keeps_a_group_together_and_trains_as_plain_tensorflow(tmp_path):
     """init(sharding_plan="auto") on 2 ranks: table a table-wise on the rank the planner finds least
     loaded, b in a's sharding group (so on a's rank, where alone the planner replicates it), c left
-    to the planner (replicated, as these small tables are): rank 0 prints the plan with who chose
-    each placement and the group, and the model still follows plain TensorFlow."""
-    proc = check(mpiexec(2, "placement_oracle.py", tmp_path, "auto", "--sharding", "a=table_wise", "--plan", "auto",
-                         "--groups", "a=g,b=g", timeout=240))
-    plan = proc.stderr[proc.stderr.index("sharding plan for 2 rank(s), 3 table(s)"):]
+    to the planner (replicated, as these small tables are), d column-wise on the ranks the planner
+    picks (both: dim 4 in two slices): rank 0 prints the plan with who chose each placement and the
+    group, and the model still follows plain TensorFlow."""
+    proc = check(mpiexec(2, "placement_oracle.py", tmp_path, "auto", "--sharding", "a=table_wise,d=column_wise",
+                         "--plan", "auto", "--groups", "a=g,b=g", timeout=240))
+    plan = proc.stderr[proc.stderr.index("sharding plan for 2 rank(s), 4 table(s)"):]
     for table, placement, ranks, by, group in (("a", "table_wise on rank 0", "0", "user", "g"),
                                                ("b", "table_wise on rank 0", "0", "group", "g"),
-                                               ("c", "replicated", "0,1", "planner", "-")):
+                                               ("c", "replicated", "0,1", "planner", "-"),
+                                               ("d", "column_wise on ranks 0,1", "0,1", "user", "-")):
         assert re.search(rf"\n{table} +{placement} +{ranks} +120 +4 +18 .* {by} +{group}\n", plan), plan[:2000]
     assert "imbalance (most loaded rank's estimate / mean)" in plan
     parts = [dict(np.load(os.path.join(tmp_path, f"auto-sgd-plain-rank{r}-of2.npz"))) for r in range(2)]
@@ -264,13 +282,16 @@ def test_placements_with_admission_and_expansion_match_one_rank_row_wise(tmp_pat
 
 
 def test_saved_under_a_plan_restores_exactly_under_other_plans_and_rank_counts(tmp_path):
-    """Saved on 2 ranks with a table of each placement; restored all row-wise on 3 ranks and on 1,
-    and with the placements swapped on 2: every table's rows (values and lazy Adam's slots) exact;
-    shardrec-ckpt inspect shows the plan the save was made under."""
+    """Saved on 2 ranks with a table of each placement (the column-wise one's slices joined into
+    whole rows); restored all row-wise on 3 ranks and on 1, with the placements swapped on 2, and
+    column-wise on 3 (slices taken from whole rows): every table's rows (values and lazy Adam's
+    slots) exact; shardrec-ckpt inspect shows the plan the save was made under."""
     prefix = tmp_path / "ckpt" / "model"
     saved = run(tmp_path, 2, "saved", "--save", prefix, opts=("lazy_adam",))
     path = f"{prefix}-{job.STEPS}"
-    for n, sharding in ((3, ALL_ROW_WISE), (1, ALL_ROW_WISE), (2, "a=replicated,b=row_wise,c=table_wise:0")):
+    for n, sharding in ((3, ALL_ROW_WISE + ",d=row_wise"), (1, ALL_ROW_WISE + ",d=row_wise"),
+                        (2, "a=replicated,b=row_wise,c=table_wise:0,d=table_wise:1"),
+                        (3, "a=column_wise:1-2,b=column_wise:0-1,c=replicated,d=column_wise:1-2")):
         parts = run(tmp_path, n, f"restored{n}", "--sharding", sharding, "--restore", path, opts=("lazy_adam",))
         for table in job.TABLES:
             for column in ("values", "LazyAdam.m", "LazyAdam.v"):
@@ -283,6 +304,7 @@ def test_saved_under_a_plan_restores_exactly_under_other_plans_and_rank_counts(t
     assert cli.returncode == 0, cli.stderr
     assert "table b: dim 4, slots ['LazyAdam.m', 'LazyAdam.v'], table_wise on rank 1, rows" in cli.stdout, cli.stdout
     assert "table c: dim 4, slots ['LazyAdam.m', 'LazyAdam.v'], replicated, rows" in cli.stdout
+    assert "table d: dim 4, slots ['LazyAdam.m', 'LazyAdam.v'], column_wise on ranks 0,1, rows" in cli.stdout
     assert "the sharding plan it was saved under:" in cli.stdout and "imbalance" in cli.stdout
 
 
@@ -307,13 +329,19 @@ def make_table(name="t", **over):
 
 @pytest.mark.parametrize("over,pattern", [
     ({"sharding": "diagonal"}, r"table 't': unknown sharding 'diagonal'; allowed: 'row_wise', 'table_wise', "
-                               r"'replicated'"),
-    ({"sharding": "column_wise"}, r"table 't': sharding='column_wise' .* not available yet; allowed: 'row_wise'"),
+                               r"'replicated', 'column_wise'"),
+    ({"sharding": "column_wise", "sharding_rank": [0, 1]}, r"table 't': column-wise ranks \[0, 1\]; allowed: a list "
+                                                           r"of consecutive ranks in \[0, 0\]"),
+    ({"sharding": "column_wise", "sharding_rank": 0}, r"column-wise ranks 0; allowed: a list of consecutive ranks"),
+    ({"sharding": "column_wise", "sharding_rank": []}, r"column-wise ranks \[\]; allowed: a list of consecutive"),
+    ({"sharding": "column_wise", "sharding_rank": [0], "host_vocabulary_size": 10, "ssd_vocabulary_size": 10},
+     r"table 't': a column-wise table has no SSD tier"),
     ({"sharding": "table_wise", "sharding_rank": 1}, r"table 't': table-wise rank 1 is outside the world of 1 "
                                                      r"ranks; allowed: an int in \[0, 0\]"),
     ({"sharding": "table_wise", "sharding_rank": -1}, r"table-wise rank -1 is outside the world"),
     ({"sharding": "replicated", "sharding_rank": 0}, r"a rank \(0\) is given for sharding='replicated'"),
-    ({"sharding_rank": 0}, r"sharding_rank=0 places a table-wise table; give sharding='table_wise'"),
+    ({"sharding_rank": 0}, r"sharding_rank=0 places a table-wise table .*; give sharding='table_wise' "
+                           r"\(or 'column_wise'\)"),
     ({"sharding": "replicated", "host_vocabulary_size": 10, "ssd_vocabulary_size": 10},
      r"table 't': a replicated table has no SSD tier"),
     ({"sharding": "replicated", "emb_initializer": tf.compat.v1.glorot_uniform_initializer()},
@@ -349,6 +377,9 @@ def test_a_plan_file_must_name_exactly_the_jobs_tables(graph, tmp_path):
     ({"t": {"sharding": "table_wise", "rank": 3}}, r"p.json.*|table 't': table-wise rank 3 is outside the world of 1"),
     ({"t": {"placement": "row_wise"}}, r"p.json: table 't' has no 'sharding'"),
     ({"t": {"sharding": "sideways"}}, r"table 't': unknown sharding 'sideways'"),
+    ({"t": {"sharding": "column_wise", "ranks": [0, 1]}}, r"table 't': column-wise ranks \[0, 1\]; allowed: a list of "
+                                                          r"consecutive ranks in \[0, 0\]"),
+    ({"t": {"sharding": "column_wise", "rank": 0}}, r"p.json: table 't' is column_wise with no 'ranks'"),
 ])
 def test_a_damaged_plan_file_is_refused_at_init(graph, tmp_path, plan, pattern):
     with pytest.raises(ValueError, match=pattern):

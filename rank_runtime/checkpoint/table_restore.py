@@ -161,6 +161,8 @@ def _streamed(p, column, files, sink=None, verified=False):
                 continue
             if part.mine is not None:
                 rows = rows[part.mine[first:first + len(rows)]]
+            if p.table.row_dim != p.table.dim:  # a column-wise table's slice: its columns of whole rows
+                rows = np.ascontiguousarray(rows[:, p.table.held_columns])
             sink(at, rows)
             at += len(rows)
 

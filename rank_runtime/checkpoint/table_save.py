@@ -14,6 +14,7 @@ from ..formats.manifest import REMOVED, AdmissionEntry, TableEntry
 from ..formats.array_files import array_entry, write_array
 from ..formats.sharding_plan import REPLICATED
 from ..process.world import get_world
+from . import column_slices
 
 log = get_logger("shardrec.saver")
 
@@ -45,30 +46,40 @@ def table_writer(table: Any, step: Optional[int], mode: str = "plain") -> Callab
         as_of = (NO_STEP if step is None else step) if counts else None
         # A replica writes its share of a replicated table (keys by key mod world size): each key once.
         share = (get_world().size, get_world().rank) if table.placement.kind == REPLICATED else (1, 0)
-        state, digests = table.index.save_columns([table.columns[n] for n in names],
-                                                  [os.path.join(folder, f"{n}.npy") for n in names], as_of,
-                                                  SAVE_CHUNK_ROWS, mode, *share)
-        keys = state.keys
-        files = {"keys": write_array(folder, "keys", keys)}
-        for name, (nbytes, crc) in zip(names, digests):
-            # As the store holds the column: <f4, <f2 or bfloat16 (row_dtypes.py).
-            files[name] = array_entry(f"{name}.npy", nbytes, crc, table.store.column_dtype(table.columns[name]),
-                                      (len(keys), table.dim))
+
+        def save_into(where):
+            paths = {n: os.path.join(where, f"{n}.npy") for n in names}
+            state, digests = table.index.save_columns([table.columns[n] for n in names], [paths[n] for n in names],
+                                                      as_of, SAVE_CHUNK_ROWS, mode, *share)
+            return state, paths, digests
+
+        if table.placement.native_slices > 1:  # whole rows, on the first slice rank (column_slices.py)
+            state, files, holds = column_slices.save_joined(table, names, folder, lambda where: save_into(where)[:2])
+            keys = state.keys if holds else state.keys[:0]
+        else:
+            state, _, digests = save_into(folder)
+            keys, holds, files = state.keys, True, {}
+            for name, (nbytes, crc) in zip(names, digests):
+                # As the store holds the column: <f4, <f2 or bfloat16 (row_dtypes.py).
+                files[name] = array_entry(f"{name}.npy", nbytes, crc, table.store.column_dtype(table.columns[name]),
+                                          (len(keys), table.dim))
+        files = {"keys": write_array(folder, "keys", keys), **files}
         admission = None
         if counts:
-            if not state.exact:
+            if not state.exact and holds:
                 log.warning("table %r: the checkpoint of step %s holds the counts of batches the input pipeline "
                             "looked up beyond it (more than the index keeps a journal of); a restore counts them "
                             "twice", table.table_name, step)
-            arrays = admission_arrays(state)
+            arrays = {name: array if holds else array[:0] for name, array in admission_arrays(state).items()}
             for name, array in arrays.items():
                 files[name] = write_array(folder, name, array)
             admission = AdmissionEntry(table.thresholds.access, table.thresholds.eviction, state.newest,
                                        len(arrays["pending_keys"]))
         removed = None
         if mode == "delta":
-            files[REMOVED] = write_array(folder, REMOVED, state.removed)
-            removed = len(state.removed)
+            gone = state.removed if holds else state.removed[:0]
+            files[REMOVED] = write_array(folder, REMOVED, gone)
+            removed = len(gone)
         return TableEntry(dim=table.dim, key_dtype=table.key_dtype.name, rows=len(keys),
                           optimizers=sorted(table.optimizers), slots=sorted(n for n in names if n != "values"),
                           files=files, admission=admission, removed_rows=removed, sharding=table.plan)

@@ -14,8 +14,8 @@ import dataclasses
 import psutil
 import tensorflow as tf
 
-from ..formats.sharding_plan import (REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError, ShardingPlan, TablePlan,
-                                     check_group)
+from ..formats.sharding_plan import (COLUMN_WISE, REPLICATED, ROW_WISE, TABLE_WISE, Placement, PlanError,
+                                     ShardingPlan, TablePlan, check_group)
 from ..process.config import RuntimeConfig
 from ..process.world import get_world
 from .planner import CostModel, Loads, TableShape, table_cost
@@ -28,8 +28,8 @@ def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, 
     group `group` or of none, with an SSD tier or not)."""
     check_group(name, group)
     if sharding is None and rank is not None:
-        raise PlanError(f"table {name!r}: sharding_rank={rank!r} places a table-wise table; give "
-                        f"sharding={TABLE_WISE!r} with it")
+        raise PlanError(f"table {name!r}: sharding_rank={rank!r} places a table-wise table (or a column-wise one, on "
+                        f"a list of ranks); give sharding={TABLE_WISE!r} (or {COLUMN_WISE!r}) with it")
     given = Placement.checked(name, sharding, rank, cfg.size) if sharding is not None else None
     plan = cfg.sharding_plan
     planned = plan.tables.get(name) if plan is not None else None
@@ -56,10 +56,10 @@ def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, 
                                 f"placed table {first!r} {placement.describe()} and a group's tables share one "
                                 "placement; give them one placement, or take the table out of the group")
         return TablePlan(placement, table_cost(shape, placement, cfg.size, CostModel()), "group", group)
-    if given is not None and (given.kind != TABLE_WISE or given.rank is not None):
+    if given is not None and (given.kind not in (TABLE_WISE, COLUMN_WISE) or given.rank is not None):
         entry = TablePlan(given, None, "user")
     elif given is not None:
-        entry = _loads(cfg).place(shape, CostModel(), "user")  # the least loaded rank
+        entry = _loads(cfg).place(shape, CostModel(), "user")  # the least loaded rank(s)
     elif planned is not None:
         entry = TablePlan(planned.placement, planned.cost, planned.chosen_by)
     elif cfg.sharding_auto:
@@ -70,7 +70,8 @@ def placement_of(cfg: RuntimeConfig, name: str, sharding: object, rank: object, 
 
 
 def _agree(planned: Placement, given: Placement) -> bool:
-    return planned.kind == given.kind and (given.rank is None or planned.rank == given.rank)
+    return planned.kind == given.kind and (given.rank is None or (planned.rank, planned.slices) ==
+                                           (given.rank, given.slices))
 
 
 def _loads(cfg: RuntimeConfig) -> Loads:
@@ -85,8 +86,13 @@ def _loads(cfg: RuntimeConfig) -> Loads:
     return loads
 
 
-def check_placement(owner: str, name: str, placement: Placement, ssd: bool) -> None:
+def check_placement(owner: str, name: str, placement: Placement, ssd: bool, dim: int) -> None:
     """What a placement cannot be combined with, refused naming the table."""
+    placement.check_dim(name, dim)
+    if placement.kind == COLUMN_WISE and ssd:
+        raise PlanError(f"{owner}: table {name!r}: a column-wise table has no SSD tier (its slices are joined into "
+                        f"whole rows on every save, from memory); allowed with ssd_vocabulary_size > 0: "
+                        f"sharding={ROW_WISE!r} or {TABLE_WISE!r}")
     if placement.kind == REPLICATED and ssd:
         raise PlanError(f"{owner}: table {name!r}: a replicated table has no SSD tier (each rank would keep a copy of "
                         f"every row on its own disk); allowed with ssd_vocabulary_size > 0: sharding={ROW_WISE!r} or "

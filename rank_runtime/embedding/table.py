@@ -53,6 +53,10 @@ class EmbeddingTable:
         self.row_dtypes = rows
         self.key_dtype = key_dtype
         self.dim = dim
+        # The columns this rank's store holds of each row: all of them, but for a column-wise
+        # table, whose every rank holds dim / slices (its own slice, or none of the keys).
+        self.row_dim = self.placement.row_dim(dim)
+        self.held_columns = self.placement.columns_on(rank, dim)
         self.device_vocabulary_size = device_vocabulary_size
         self.vocabulary_rows = device_vocabulary_size  # with the host tier's (create_table sets it)
         self.is_save = is_save
@@ -67,7 +71,8 @@ class EmbeddingTable:
 
         # The SSD tier (tiers.SsdTier, or None): the store's rows are then the memory tier.
         self.ssd = ssd
-        self.store, rows = make_store(native_core, name, dim, capacity, expands, emb_initializer, init_param, rank,
+        self.store, rows = make_store(native_core, name, self.row_dim, capacity, expands, emb_initializer, init_param,
+                                      rank,
                                       draws_natively=ssd is not None, values_format=self.row_dtypes.values_format,
                                       same_on_every_rank=self.placement.kind == REPLICATED)
         self.store.stochastic_rounding = self.row_dtypes.stochastic_rounding
@@ -169,8 +174,10 @@ class EmbeddingTable:
                 return replica_initial(emb_initializer, self.table_name, [rows + 1, self.dim], self.init_param)
         else:
             def initial():
-                return emb_initializer([rows + 1, self.dim], dtype=tf.float32) * tf.constant(self.init_param,
-                                                                                             tf.float32)
+                # A column-wise slice takes its columns of whole rows drawn: an initializer whose scale
+                # depends on the shape draws as for the whole table.
+                values = emb_initializer([rows + 1, self.dim], dtype=tf.float32)[:, self.held_columns]
+                return values * tf.constant(self.init_param, tf.float32)
         return self._bound_variable(self.table_name, 0, initial,
                                     [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION],
                                     self.row_dtypes.values)
@@ -179,7 +186,7 @@ class EmbeddingTable:
         """A resource variable of `dtype` whose tensor is `column` of the row store (bound by its
         initializer; `initial`, for the values of a fixed-size table, gives TensorFlow's float32
         initial values, which a 16-bit column takes to the nearest 16-bit number)."""
-        shape = [self.store.rows, self.dim]
+        shape = [self.store.rows, self.row_dim]
         # Not trainable: a dense optimizer must never touch a table (it would update every row);
         # the sparse optimizers find tables through their own collection. Host memory always: the
         # store is host memory and the op library's kernels are CPU kernels.
@@ -192,7 +199,7 @@ class EmbeddingTable:
                 initial if initial and dtype == tf.float32 else empty, name=name, trainable=False,
                 use_resource=True, shape=shape, dtype=dtype, collections=collections)
             if not initial:
-                given = tf.zeros([0, self.dim])
+                given = tf.zeros([0, self.row_dim])
             else:
                 given = variable.initial_value if dtype == tf.float32 else initial()
             variable._initializer_op = native_ops.store_bind(variable, self.store, column, given)
@@ -217,16 +224,16 @@ class EmbeddingTable:
         return self.index.max_keys
 
     def global_size(self, timeout: float = 60.0) -> int:
-        """Keys held by all ranks together (a replicated table's once). Every rank must call it at
-        the same point; a lone caller gets a TimeoutError instead of hanging the job."""
+        """Keys held by all ranks together (a replicated table's, or a column-wise one's, once). Every
+        rank must call it at the same point; a lone caller gets a TimeoutError instead of hanging the job."""
         total = get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
-        return total // get_world().size if self.placement.kind == REPLICATED else total
+        return total // len(self.placement.ranks(get_world().size))
 
     def counters(self) -> "TableCounters":
         """This rank's counters (TableCounters)."""
         return TableCounters(index=self.index.counters(), size=self.size(), capacity=self.capacity(),
                              pending=self.index.pending(), held_back=self.index.held_back(),
-                             index_bytes=self.index.memory_bytes(), store=self.store.bytes(), dim=self.dim,
+                             index_bytes=self.index.memory_bytes(), store=self.store.bytes(), dim=self.row_dim,
                              bytes_per_row=self.store.bytes_per_row,
                              tier=self.ssd.counters(self.index) if self.ssd is not None else None)
 
@@ -245,7 +252,8 @@ class EmbeddingTable:
     def export(self, sess: tf.compat.v1.Session) -> dict:
         """This rank's rows of the table in session `sess`: {"keys", "values", "<optimizer>.<slot>"...}
         as numpy arrays, rows aligned with keys, in row order. Every rank calls it for its own shard
-        (no collective); shardrec-ckpt export gathers all ranks' rows from a checkpoint."""
+        (no collective); shardrec-ckpt export gathers all ranks' rows from a checkpoint. A column-wise
+        table's rank gives its columns of each row (self.held_columns; its checkpoint holds whole rows)."""
         from ..checkpoint.table_save import read_table_rows
 
         return read_table_rows(sess, self)
@@ -290,13 +298,15 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: str = "sum_gradients", value_dtype=tf.float32,
                  shard_num: int = 1, slot_dtype=None, stochastic_rounding: bool = True, sharding: Optional[str] = None,
-                 sharding_rank: Optional[int] = None, sharding_group: Optional[str] = None, exchange_dtype=None,
+                 sharding_rank: Any = None, sharding_group: Optional[str] = None, exchange_dtype=None,
                  **kwargs) -> "EmbeddingTable":
     """Creates a sparse table sharded over the ranks; each parameter's range is checked, and an
     out-of-range value raises naming the parameter, its value and what is allowed. value_dtype
     float16 or bfloat16 and slot_dtype bfloat16 hold rows in 16 bits; exchange_dtype bfloat16 or
     float16 sends its rows and gradients between ranks in 16 bits (row_dtypes.py). sharding:
-    'row_wise', 'table_wise' (on sharding_rank, or the least loaded rank) or 'replicated'; None:
+    'row_wise', 'table_wise' (on sharding_rank, or the least loaded rank), 'replicated' or
+    'column_wise' (the row's columns in equal slices on the consecutive ranks sharding_rank, a list
+    such as [0, 1], or on those the planner picks); None:
     init(sharding_plan=)'s plan, the planner with sharding_plan='auto', else row-wise (placing.py).
     sharding_group: a name; the tables of one group are placed together (the first one made decides,
     the later ones take its placement: a table-wise group lives on one rank)."""
@@ -336,7 +346,7 @@ def create_table(key_dtype, dim: int, name: str, emb_initializer, device_vocabul
     plan = placing.placement_of(cfg, name, sharding, sharding_rank, device_vocabulary_size + host_vocabulary_size,
                                 dim, 0, sharding_group, ssd_vocabulary_size > 0, rows.exchange.size)
     placement = plan.placement
-    placing.check_placement(owner, name, placement, ssd_vocabulary_size > 0)
+    placing.check_placement(owner, name, placement, ssd_vocabulary_size > 0, dim)
     # On a CPU host the device and host tiers are both this process's memory: their sum is the
     # memory budget, whose rows the kernels read directly (no swap between the two).
     capacity = placement.rows_on(cfg.rank, cfg.size, device_vocabulary_size + host_vocabulary_size)

@@ -3,17 +3,18 @@
 checkpoint keeps beside each table. No TensorFlow, no MPI: shardrec-ckpt reads it too.
 
 A placement never changes what a checkpoint holds: every placement saves each key once, as the
-row-wise placement does, so any checkpoint restores under any plan and any number of ranks.
+row-wise placement does, with its whole row (a column-wise table's slices are joined on the way to
+the checkpoint), so any checkpoint restores under any plan and any number of ranks.
 """
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, TypeGuard, Union
 
 import numpy as np
 
 ROW_WISE, TABLE_WISE, REPLICATED, COLUMN_WISE = "row_wise", "table_wise", "replicated", "column_wise"
-PLACEMENTS = (ROW_WISE, TABLE_WISE, REPLICATED)
+PLACEMENTS = (ROW_WISE, TABLE_WISE, REPLICATED, COLUMN_WISE)
 AUTO = "auto"  # init(sharding_plan="auto"): the planner places every table create_table does not
 # How the native key round names a placement (native/src/exchange/key_router.h).
 _NATIVE_ROW_WISE, _NATIVE_REPLICATED = -1, -2
@@ -26,72 +27,129 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Placement:
     """A table's placement: ROW_WISE (keys spread by key mod world size), TABLE_WISE (every key on
-    `rank`) or REPLICATED (every key on every rank, gradients combined every step)."""
+    `rank`), REPLICATED (every key on every rank, gradients combined every step) or COLUMN_WISE (the
+    row split by dimension into `slices` equal slices, slice j on rank `rank` + j; each of those
+    ranks holds every key, with its columns)."""
     kind: str
     rank: Optional[int] = None
+    slices: int = 1
 
     @classmethod
     def checked(cls, table: str, kind: object, rank: object, world_size: int) -> "Placement":
-        """A placement from a user's words, or a PlanError naming the table and what is allowed."""
-        if kind == COLUMN_WISE:
-            raise PlanError(f"table {table!r}: sharding={COLUMN_WISE!r} (a row split by dimension over ranks) is not "
-                            f"available yet; allowed: {', '.join(repr(p) for p in PLACEMENTS)}")
+        """A placement from a user's words, or a PlanError naming the table and what is allowed.
+        `rank`: a table-wise table's rank, or a column-wise table's ranks (consecutive, one slice
+        each); None: the planner's choice."""
         if kind not in PLACEMENTS:
             raise PlanError(f"table {table!r}: unknown sharding {kind!r}; allowed: "
                             f"{', '.join(repr(p) for p in PLACEMENTS)} (or None: the plan's or the planner's choice)")
+        if kind == COLUMN_WISE:
+            return cls._column_wise(table, rank, world_size)
         if kind != TABLE_WISE:
             if rank is not None:
                 raise PlanError(f"table {table!r}: a rank ({rank!r}) is given for sharding={kind!r}; only a "
-                                f"{TABLE_WISE!r} table lives on one rank")
+                                f"{TABLE_WISE!r} table lives on one rank (and a {COLUMN_WISE!r} one on a list of "
+                                "ranks)")
             return cls(str(kind))
         if rank is None:
             return cls(TABLE_WISE)  # the planner picks the rank
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= int(rank) < world_size:
+        if not _is_rank(rank, world_size):
             raise PlanError(f"table {table!r}: table-wise rank {rank!r} is outside the world of {world_size} ranks; "
                             f"allowed: an int in [0, {world_size - 1}]")
         return cls(TABLE_WISE, int(rank))
 
+    @classmethod
+    def _column_wise(cls, table: str, ranks: object, world_size: int) -> "Placement":
+        if ranks is None:
+            return cls(COLUMN_WISE)  # the planner picks the ranks
+        listed = list(ranks) if isinstance(ranks, (list, tuple)) else None
+        if (not listed or not all(_is_rank(r, world_size) for r in listed)
+                or [int(r) for r in listed] != list(range(int(listed[0]), int(listed[0]) + len(listed)))):
+            raise PlanError(f"table {table!r}: column-wise ranks {ranks!r}; allowed: a list of consecutive ranks in "
+                            f"[0, {world_size - 1}], one slice of the row's columns on each (such as [0, 1]), or "
+                            "None: the planner's choice")
+        return cls(COLUMN_WISE, int(listed[0]), len(listed))
+
+    def check_dim(self, table: str, dim: int) -> None:
+        """A column-wise table's slices are equal: its dim must divide by their number."""
+        if self.kind == COLUMN_WISE and dim % self.slices:
+            raise PlanError(f"table {table!r}: dim {dim} does not split into {self.slices} equal column slices (ranks "
+                            f"{self.ranks(0)}); allowed: a number of ranks that divides the dim "
+                            f"({[k for k in range(1, dim + 1) if dim % k == 0]})")
+
     @property
     def native(self) -> int:
-        """The key round's number for it: -1 row-wise, -2 replicated, the rank of a table-wise table."""
-        if self.kind == TABLE_WISE:
+        """The key round's number for it: -1 row-wise, -2 replicated, the (first) rank of a table-wise
+        or column-wise table (native_slices: how many ranks from it on)."""
+        if self.kind in (TABLE_WISE, COLUMN_WISE):
             assert self.rank is not None, "a table-wise placement is given its rank before it is used"
             return self.rank
         return _NATIVE_REPLICATED if self.kind == REPLICATED else _NATIVE_ROW_WISE
 
+    @property
+    def native_slices(self) -> int:
+        return self.slices if self.kind == COLUMN_WISE else 1
+
     def ranks(self, world_size: int) -> List[int]:
         """The ranks that hold rows of the table."""
-        return [self.rank] if self.kind == TABLE_WISE and self.rank is not None else list(range(world_size))
+        if self.kind in (TABLE_WISE, COLUMN_WISE) and self.rank is not None:
+            return list(range(self.rank, self.rank + self.native_slices))
+        return list(range(world_size))
 
     def rows_on(self, rank: int, world_size: int, rows: int) -> int:
         """Rows of a table of `rows` rows that `rank` reserves (at least one: a rank that holds none
         still has a store its lookups read the empty row of)."""
         if self.kind == REPLICATED:
             return rows
-        if self.kind == TABLE_WISE:
-            return rows if rank == self.rank else 1
+        if self.kind in (TABLE_WISE, COLUMN_WISE):
+            return rows if self.rank is not None and 0 <= rank - self.rank < self.native_slices else 1
         return math.ceil(rows / world_size)
+
+    def row_dim(self, dim: int) -> int:
+        """The columns of each row that a rank's store holds (every rank's store is as wide)."""
+        return dim // self.native_slices
+
+    def columns_on(self, rank: int, dim: int) -> slice:
+        """The columns of the whole row that `rank` holds (a restore takes these; a column-wise
+        table's rank that holds no slice has a store as wide as one, which no key reaches)."""
+        if self.kind != COLUMN_WISE or self.rank is None:
+            return slice(0, dim)
+        width, j = self.row_dim(dim), rank - self.rank
+        return slice(j * width, (j + 1) * width) if 0 <= j < self.slices else slice(0, width)
 
     def holds(self, keys: np.ndarray, rank: int, world_size: int) -> np.ndarray:
         """Which of `keys` `rank` holds (a restore takes these)."""
         if self.kind == REPLICATED:
             return np.ones(keys.shape, bool)
-        if self.kind == TABLE_WISE:
-            return np.full(keys.shape, rank == self.rank)
+        if self.kind in (TABLE_WISE, COLUMN_WISE):
+            return np.full(keys.shape, rank in self.ranks(world_size))
         return np.mod(keys.astype(np.int64), world_size) == rank
 
     def describe(self) -> str:
+        if self.kind == COLUMN_WISE and self.rank is not None:
+            return f"{COLUMN_WISE} on ranks {_ranks_text(self.ranks(0))}"
         return f"{TABLE_WISE} on rank {self.rank}" if self.kind == TABLE_WISE else self.kind
 
     def to_json(self) -> dict:
+        if self.kind == COLUMN_WISE:
+            return {"sharding": self.kind, "ranks": self.ranks(0)}
         return {"sharding": self.kind, **({"rank": self.rank} if self.kind == TABLE_WISE else {})}
 
     @classmethod
     def from_json(cls, table: str, raw: object, world_size: int, source: str) -> "Placement":
         if not isinstance(raw, dict) or "sharding" not in raw:
             raise PlanError(f"{source}: table {table!r} has no 'sharding' (an object such as "
-                            f"{{\"sharding\": \"row_wise\"}} or {{\"sharding\": \"table_wise\", \"rank\": 0}})")
-        return cls.checked(table, raw["sharding"], raw.get("rank"), world_size)
+                            f"{{\"sharding\": \"row_wise\"}}, {{\"sharding\": \"table_wise\", \"rank\": 0}} or "
+                            f"{{\"sharding\": \"column_wise\", \"ranks\": [0, 1]}})")
+        field_name = "ranks" if raw["sharding"] == COLUMN_WISE else "rank"
+        if raw["sharding"] in (TABLE_WISE, COLUMN_WISE) and raw.get(field_name) is None:
+            raise PlanError(f"{source}: table {table!r} is {raw['sharding']} with no {field_name!r}; a plan names "
+                            f"where it lives (such as {{\"sharding\": \"table_wise\", \"rank\": 0}} or "
+                            f"{{\"sharding\": \"column_wise\", \"ranks\": [0, 1]}})")
+        return cls.checked(table, raw["sharding"], raw.get(field_name), world_size)
+
+
+def _is_rank(rank: object, world_size: int) -> TypeGuard[Union[int, np.integer]]:
+    return not isinstance(rank, bool) and isinstance(rank, (int, np.integer)) and 0 <= int(rank) < world_size
 
 
 @dataclass(frozen=True)
@@ -246,16 +304,16 @@ class ShardingPlan:
         says how to read it)."""
         w = self.world_size
         lines = [f"sharding plan for {w} rank(s), {len(self.tables)} table(s)",
-                 f"{'table':<24} {'placement':<22} {'ranks':<12} {'rows':>11} {'dim':>5} {'ids/step':>9} "
+                 f"{'table':<24} {'placement':<26} {'ranks':<12} {'rows':>11} {'dim':>5} {'ids/step':>9} "
                  f"{'distinct':>9} {'MB/rank':>9} {'KB sent/step':>13} {'chosen by':<10} group"]
         for name, entry in sorted(self.tables.items()):
             p, c = entry.placement, entry.cost
             ranks, group = _ranks_text(p.ranks(w)), entry.group or "-"
             if c is None:
-                lines.append(f"{name:<24} {p.describe():<22} {ranks:<12} {'?':>11} {'?':>5} {'?':>9} {'?':>9} "
+                lines.append(f"{name:<24} {p.describe():<26} {ranks:<12} {'?':>11} {'?':>5} {'?':>9} {'?':>9} "
                              f"{'?':>9} {'?':>13} {entry.chosen_by:<10} {group}")
                 continue
-            lines.append(f"{name:<24} {p.describe():<22} {ranks:<12} {c.rows:>11} {c.dim:>5} {c.ids_per_step:>9} "
+            lines.append(f"{name:<24} {p.describe():<26} {ranks:<12} {c.rows:>11} {c.dim:>5} {c.ids_per_step:>9} "
                          f"{c.distinct_per_step:>9} {max(c.memory) / 2**20:>9.2f} {sum(c.bytes_sent) / 1024:>13.1f} "
                          f"{entry.chosen_by:<10} {group}")
         memory, sent, seconds = self.per_rank()

@@ -91,7 +91,8 @@ class _BatchKeyProcessor:
                                                         send_counts, [t.key_dtype == tf.int32 for t in tables],
                                                         "\n".join(lines),
                                                         self.timestamp.name if self.timestamp is not None else "",
-                                                        pooled, [t.placement.native for t in tables])
+                                                        pooled, [t.placement.native for t in tables],
+                                                        [t.placement.native_slices for t in tables])
         return self._features
 
     def __call__(self, is_end, *key_arrays):

@@ -221,7 +221,7 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         ragged = ragged_ids.as_ragged(ids)
         rows = _distinct_rows(cfg, table, routing, channel, is_grad)
         emb = pooled_lookup.pooled_rows(cfg.size, rows, pool, ragged, combiners.checked_weights(weights, ragged),
-                                        combiner, exchange)
+                                        combiner, exchange, table.placement.native_slices)
         emb.set_shape([ragged.shape[0], table.dim])
         return emb
 
@@ -277,7 +277,7 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
     """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
     exchange back to the requesters, restore to batch order."""
     rows = _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value)
-    width = table.dim + (serving_default_value is not None)
+    width = table.row_dim + (serving_default_value is not None)
     if not cfg.use_dynamic:
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:
@@ -289,9 +289,28 @@ def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serv
             rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
                                        None if cfg.use_dynamic else send_count * cfg.size, name, state,
                                        table.row_dtypes.wire)
-    emb = native_ops.row_gather(rows, routing.restore)
+    emb = _slices_joined(table, rows, routing) if table.placement.native_slices > 1 else \
+        native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:
         default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])
         emb, missing = emb[:, :table.dim], emb[:, table.dim:] > 0.5
         emb = tf.where(missing, default[None, :], emb)
     return emb
+
+
+def _slices_joined(table, rows, routing):
+    """A column-wise table's rows per id. Each slice rank returned the same unique ids in the same
+    order (the key round sent them all to each), one block after the other from the first slice's
+    on, each as long as the first (`recv_splits`; padded ones with static shapes): the blocks are set
+    side by side once per unique id, [k, u, w] to [u, k x w] (the missing-key column of
+    serving_default_value once, after them), and only then gathered per id, as any table's rows."""
+    k, width = table.placement.native_slices, table.row_dim
+    first = table.placement.native
+    base = tf.reduce_sum(routing.recv_splits[:first])
+    block = routing.recv_splits[first]
+    blocks = tf.reshape(rows[base:base + k * block], [k, -1, rows.shape[-1]])
+    side_by_side = tf.transpose(blocks, [1, 0, 2])
+    joined = tf.reshape(side_by_side[:, :, :width], [-1, k * width])
+    if rows.shape[-1] != width:
+        joined = tf.concat([joined, side_by_side[:, 0, width:]], axis=1)
+    return native_ops.row_gather(joined, routing.restore - base)

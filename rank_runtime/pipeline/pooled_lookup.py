@@ -15,10 +15,11 @@ from ..embedding import native_ops
 from . import combiners
 
 
-def pooled_rows(ranks, rows, pool, ids, weights, combiner, exchange):
+def pooled_rows(ranks, rows, pool, ids, weights, combiner, exchange, slices=1):
     """[examples, dim]: the pooled lookup's stages after the owner's distinct `rows` (lookup.py).
     `exchange(rows, send, recv[, wire])` moves rows between the ranks on a communicator of the lookup's
-    own, in the table's exchange dtype unless `wire` says otherwise."""
+    own, in the table's exchange dtype unless `wire` says otherwise. slices: a column-wise table's,
+    whose slice ranks each return the same partials of their columns, joined here side by side."""
     received = None
     if weights is not None:
         sent = tf.gather(weights, pool.occ_order)[:, None]
@@ -30,6 +31,9 @@ def pooled_rows(ranks, rows, pool, ids, weights, combiner, exchange):
                                      received)
     if ranks > 1:
         partials = exchange(partials, pool.partial_send_splits, pool.partial_recv_splits)
+    if slices > 1:
+        width = rows.shape[-1]
+        partials = tf.reshape(tf.transpose(tf.reshape(partials, [slices, -1, width]), [1, 0, 2]), [-1, slices * width])
     out = native_ops.pooled_sum(partials, pool.partial_index, pool.partial_examples, ids.nrows(out_type=tf.int32))
     factor = combiners.example_scale(ids, weights, combiner)
     return out if factor is None else out * factor[:, None]

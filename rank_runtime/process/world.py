@@ -8,6 +8,7 @@ native module that links it, starts MPI). While MPI runs, an uncaught error or a
 on any rank ends the whole job at once, naming the rank and its status (exit_hooks.py).
 """
 import atexit
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ class World:
         atexit.register(self._leave_channels)
         self._helper = comm.Dup()
         self._helper_broken = None
+        # Point to point between a column-wise table's slice ranks when it is saved.
+        self._arrays = comm.Dup()
         self._mpi = MPI
         self._world_comm = comm
         self._row_comms = {}
@@ -148,6 +151,42 @@ class World:
         self._wait(lambda: self._helper.Iallgatherv(data, [recv, lengths, offsets[:-1].tolist(), self._mpi.BYTE]),
                    what, timeout)
         return [bytes(recv[offsets[r]:offsets[r + 1]]).decode() for r in range(self.size)]
+
+    def send_arrays(self, dest: int, arrays: List[np.ndarray], what: str, timeout: float,
+                    error: Optional[str] = None) -> None:
+        """`arrays` to rank `dest`, which takes them with receive_arrays(this rank) (or, with
+        `error`, that text instead, which receive_arrays raises there); an error after `timeout`
+        seconds if `dest` does not take them."""
+        kept = [np.ascontiguousarray(a) for a in arrays]
+        header = json.dumps({"error": error, "arrays": [[a.dtype.str, list(a.shape)] for a in kept]}).encode()
+        size = np.array([len(header)], np.int64)
+        requests = [self._arrays.Isend(size, dest, tag=1), self._arrays.Isend(header, dest, tag=2)]
+        requests += [self._arrays.Isend(a, dest, tag=3) for a in kept]
+        self._wait_all(requests, f"{what}: sending to rank {dest}", timeout)
+
+    def receive_arrays(self, source: int, what: str, timeout: float) -> List[np.ndarray]:
+        """The arrays rank `source` sends with send_arrays; its error text, if it sent one, as a RuntimeError."""
+        size = np.zeros(1, np.int64)
+        self._wait_all([self._arrays.Irecv(size, source, tag=1)], f"{what}: waiting for rank {source}", timeout)
+        header = bytearray(int(size[0]))
+        self._wait_all([self._arrays.Irecv(header, source, tag=2)], f"{what}: waiting for rank {source}", timeout)
+        said = json.loads(bytes(header))
+        arrays = [np.empty(shape, np.dtype(dtype)) for dtype, shape in said["arrays"]]
+        self._wait_all([self._arrays.Irecv(a, source, tag=3) for a in arrays], f"{what}: waiting for rank {source}",
+                       timeout)
+        if said["error"] is not None:
+            raise RuntimeError(f"{what}: rank {source} failed: {said['error']}")
+        return arrays
+
+    def _wait_all(self, requests, what, timeout):
+        deadline = time.monotonic() + timeout
+        while not self._mpi.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                for request in requests:
+                    request.Cancel()
+                raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at "
+                                   "another step); every rank must save at the same step")
+            time.sleep(0.001)
 
     def _wait(self, start, what, timeout):
         if self._helper_broken:

@@ -2,6 +2,7 @@
 sightings, evicted 60 s after their last one, an eviction every 8 steps), lazy Adam, a dense weight.
 
     mpiexec -np N python incremental_job.py DIR train --saves f4,d8,d12,f16,d20,d24 [--plain] [--ssd D] [--expand]
+        [--columns]
     mpiexec -np N python incremental_job.py DIR restore --paths P1,P2,... --tag T [--catch]
     mpiexec -np N python incremental_job.py DIR version --version S --tag T [--catch]
     mpiexec -np N python incremental_job.py DIR timers --steps 60 --sleep 0.05 --tag T
@@ -40,7 +41,7 @@ from mx_rec.util.variable import get_dense_and_sparse_variable
 DIM = 4
 
 
-def build(ssd, vocab=4096):
+def build(ssd, vocab=4096, columns=False):
     rank, size = get_rank_id(), get_rank_size()
     ids, ts = stream()
     ids, ts = ids[:, rank::size], ts[:, rank::size]
@@ -53,8 +54,10 @@ def build(ssd, vocab=4096):
     if ssd:
         tiers = dict(device_vocabulary_size=40, host_vocabulary_size=40, ssd_vocabulary_size=4096,
                      ssd_data_path=[ssd])
+    # --columns: the table column-wise, half of each row on each of ranks 0 and 1 (on one rank: all of it).
+    placed = dict(sharding="column_wise", sharding_rank=list(range(min(size, 2)))) if columns else {}
     table = create_table(key_dtype=tf.int64, dim=DIM, name="emb",
-                         emb_initializer=tf.compat.v1.constant_initializer(INIT), **tiers)
+                         emb_initializer=tf.compat.v1.constant_initializer(INIT), **tiers, **placed)
     emb = sparse_lookup(table, spec, batch=batch, is_train=True)
     w = tf.compat.v1.get_variable("w", [DIM], initializer=tf.compat.v1.constant_initializer(0.5))
     loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb * w, [1, 2]) - 1.0))
@@ -105,6 +108,7 @@ def main():
     p.add_argument("--plain", action="store_true")
     p.add_argument("--ssd")
     p.add_argument("--expand", action="store_true", help="init(use_dynamic_expansion=True)")
+    p.add_argument("--columns", action="store_true", help="the table column-wise on ranks 0 and 1")
     p.add_argument("--paths", default="")
     p.add_argument("--tag", default="dump")
     p.add_argument("--version", type=int)
@@ -122,7 +126,7 @@ def main():
         incremental["restore_model_version"] = a.version
     init(use_dynamic_expansion=a.expand, **incremental)
     rank, size = get_rank_id(), get_rank_size()
-    g = build(a.ssd, 4096 + a.grow_keys * size)
+    g = build(a.ssd, 4096 + a.grow_keys * size, a.columns)
     out = os.path.join(a.dir, f"{a.tag}-{{}}-rank{rank}-of{size}.npz")
     if a.mode == "restore":
         sess = tf.compat.v1.Session()

@@ -1,14 +1,16 @@
-"""Three tables, one per placement, trained over fixed global batches (each rank its slice of each),
+"""Four tables, one per placement, trained over fixed global batches (each rank its slice of each),
 so that any placement and rank count must reproduce plain TensorFlow on the global batches
 (tests/test_sharding.py). Optionally saves at the end, or restores instead of training.
 
     mpiexec -np N python placement_oracle.py OUT TAG [--sharding a=row_wise,b=table_wise:1,c=replicated]
-        [--plan auto|PATH] [--opt sgd[,lazy_adam]] [--modes plain[,admission,expansion]] [--save PREFIX] [--restore PATH]
+        [--plan auto|PATH] [--opt sgd[,lazy_adam]] [--modes plain[,admission,expansion,static]] [--save PREFIX]
+        [--restore PATH]
         [--value-dtype bfloat16|float16] [--last-rank-sharding ...] [--groups a=g,b=g]
         [--last-rank-exchange-dtype bfloat16]
 
---sharding gives each table's create_table(sharding=, sharding_rank=) (default: the three placements,
-the table-wise one on the last rank); a table left out takes the plan's (--plan) placement or
+--sharding gives each table's create_table(sharding=, sharding_rank=) (default: the four placements,
+the table-wise one on the last rank, the column-wise one on the last two; "d=column_wise:1-2" gives
+the ranks 1 and 2); a table left out takes the plan's (--plan) placement or
 row-wise; --groups gives tables a create_table(sharding_group=). Writes
 OUT/TAG-OPT-MODE-rank<r>-of<N>.npz per optimizer and mode (each in turn, in one process): per table
 its keys and every column of its rows, the dense weights, the steps run.
@@ -26,7 +28,7 @@ from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_fun
                                    terminate_config_initializer)
 
 GLOBAL_BATCH, STEPS, FIELDS, DIM, DENSE = 12, 30, 3, 4, 4
-TABLES = ("a", "b", "c")
+TABLES = ("a", "b", "c", "d")
 LEARNING_RATES = {"sgd": 0.1, "lazy_adam": 0.02}
 
 
@@ -50,21 +52,24 @@ def my_slice(data, rank, size):
 
 
 def shardings(text, size):
-    """{table: (sharding, rank)} from "a=row_wise,b=table_wise:1"."""
+    """{table: (sharding, rank)} from "a=row_wise,b=table_wise:1,d=column_wise:0-1"."""
     if text is None:
-        return {"a": ("row_wise", None), "b": ("table_wise", size - 1), "c": ("replicated", None)}
+        return {"a": ("row_wise", None), "b": ("table_wise", size - 1), "c": ("replicated", None),
+                "d": ("column_wise", list(range(max(0, size - 2), size)))}
     out = {}
     for item in filter(None, text.split(",")):
         name, kind = item.split("=")
         kind, _, rank = kind.partition(":")
-        out[name] = (kind, int(rank) if rank else None)
+        first, _, last = rank.partition("-")
+        out[name] = (kind, None if not rank else list(range(int(first), int(last) + 1)) if last else int(first))
     return out
 
 
-def model(batch, tables, specs, embs=None):
-    """(loss, w); `embs`: the tables' rows for the batch ([batch, FIELDS, DIM] each) when not looked up."""
+def model(batch, tables, specs, embs=None, send_count=None):
+    """(loss, w); `embs`: the tables' rows for the batch ([batch, FIELDS, DIM] each) when not looked up;
+    send_count: static shapes' bound on the ids a rank sends one owner."""
     if embs is None:
-        embs = [sparse_lookup(t, s, batch=batch) for t, s in zip(tables, specs)]
+        embs = [sparse_lookup(t, s, send_count, batch=batch) for t, s in zip(tables, specs)]
     embs = [tf.reshape(e, [-1, FIELDS * DIM]) for e in embs]
     w = tf.compat.v1.get_variable("w", [len(embs) * FIELDS * DIM + DENSE, 1],
                                   initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
@@ -91,7 +96,8 @@ def parse():
     p.add_argument("--plan")
     p.add_argument("--groups", default="", help="each table's sharding_group: a=g,b=g")
     p.add_argument("--opt", default="sgd", help="sgd, lazy_adam or both (sgd,lazy_adam)")
-    p.add_argument("--modes", default="plain", help="plain, admission, expansion, or several (plain,admission)")
+    p.add_argument("--modes", default="plain", help="plain, admission, expansion, static (shapes: send_count), or "
+                   "several (plain,admission)")
     p.add_argument("--save")
     p.add_argument("--restore")
     p.add_argument("--value-dtype", default="float32", help="the tables' value_dtype (stochastic rounding)")
@@ -101,7 +107,7 @@ def parse():
 
 
 def train(args, opt, mode, tag):
-    init(use_dynamic_expansion=mode == "expansion", sharding_plan=args.plan)
+    init(use_dynamic_expansion=mode == "expansion", use_dynamic=mode != "static", sharding_plan=args.plan)
     rank, size = get_rank_id(), get_rank_size()
     data, local = my_slice(global_data(), rank, size)
     threshold = 2 if mode == "admission" else None
@@ -117,7 +123,7 @@ def train(args, opt, mode, tag):
                            sharding_group=groups.get(name),
                            exchange_dtype=args.last_rank_exchange_dtype if rank == size - 1 else "float32")
               for name in TABLES]
-    loss, w = model(batch, tables, specs)
+    loss, w = model(batch, tables, specs, send_count=local * FIELDS if mode == "static" else None)
     dense, sparse = get_dense_and_sparse_variable()
     make = lazy_adam.create_hash_optimizer if opt == "lazy_adam" else gradient_descent.create_hash_optimizer
     train_op = tf.group(

@@ -72,9 +72,12 @@ def train(config, out_dir):
     access = ACCESS if "admission" in extra or "eviction" in extra else None
     # Static shapes: send_count bounds the distinct ids a rank sends one owner in a batch.
     send_count = GLOBAL_BATCH * MAX_IDS if "static" in extra else None
-    # tablewise: the whole table on the last rank; replicated: on every rank (docs/guide/sharding.md).
+    # tablewise: the whole table on the last rank; replicated: on every rank; columnwise: half of each
+    # row's columns on each of the last two ranks (docs/guide/sharding.md).
     placed = {"sharding": "table_wise", "sharding_rank": size - 1} if "tablewise" in extra else \
-        {"sharding": "replicated"} if "replicated" in extra else {}
+        {"sharding": "replicated"} if "replicated" in extra else \
+        {"sharding": "column_wise", "sharding_rank": list(range(max(0, size - 2), size))} if "columnwise" in extra \
+        else {}
     table = create_table(tf.int64, DIM, "emb", tf.compat.v1.constant_initializer(0.1),
                          device_vocabulary_size=8 * size if "expansion" in extra else 256, **placed)
     if form == "graph":
@@ -118,8 +121,9 @@ def train(config, out_dir):
             except tf.errors.OutOfRangeError:
                 break
         held = table.export(sess.raw_session())
+    columns = table.held_columns  # a column-wise table's rank holds these columns of its keys' rows
     np.savez(os.path.join(out_dir, f"{config}-rank{rank}-of{size}.npz"), keys=held["keys"], rows=held["values"],
-             steps=steps, capacity=table.capacity())
+             steps=steps, capacity=table.capacity(), columns=[columns.start, columns.stop])
     lifecycle.terminate_config_initializer()
 
 

@@ -12,31 +12,38 @@ void bind_feature_set(py::module_& m) {
       .def(py::init([](const std::vector<std::string>& names, const std::vector<EmbeddingIndex*>& indexes,
                        const std::vector<int64_t>& send_counts, const std::vector<bool>& int32_keys,
                        std::string description, std::string timestamp_feature, std::vector<int> pooled,
-                       std::vector<int> placements) {
+                       std::vector<int> placements, std::vector<int> slices) {
              const size_t n = names.size();
              if (pooled.empty()) pooled.assign(n, 0);
              if (placements.empty()) placements.assign(n, shardrec::kRowWise);
+             if (slices.empty()) slices.assign(n, 1);
              if (indexes.size() != n || send_counts.size() != n || int32_keys.size() != n || pooled.size() != n ||
-                 placements.size() != n)
+                 placements.size() != n || slices.size() != n)
                throw std::invalid_argument(
-                   "names, indexes, send_counts, int32_keys, pooled and placements need one entry per feature");
+                   "names, indexes, send_counts, int32_keys, pooled, placements and slices need one entry per "
+                   "feature");
              std::vector<shardrec::ExchangeFeature> features;
              for (size_t f = 0; f < n; ++f) {
                if (placements[f] < shardrec::kReplicated)
                  throw std::invalid_argument("feature '" + names[f] + "': placement " + std::to_string(placements[f]) +
                                              "; allowed: -1 row-wise, -2 replicated, a rank >= 0 table-wise");
+               if (slices[f] < 1 || (slices[f] > 1 && placements[f] < 0))
+                 throw std::invalid_argument("feature '" + names[f] + "': " + std::to_string(slices[f]) +
+                                             " slices; allowed: 1, or more for a column-wise table (placement >= 0)");
                features.push_back(shardrec::ExchangeFeature{names[f], indexes[f], send_counts[f], int32_keys[f],
-                                                            pooled[f], placements[f]});
+                                                            pooled[f], placements[f], slices[f]});
              }
              return new FeatureSet(std::move(features), std::move(description), std::move(timestamp_feature));
            }),
            py::arg("names"), py::arg("indexes"), py::arg("send_counts"), py::arg("int32_keys"), py::arg("description"),
            py::arg("timestamp_feature") = "", py::arg("pooled") = std::vector<int>{},
-           py::arg("placements") = std::vector<int>{}, py::keep_alive<1, 3>(),
+           py::arg("placements") = std::vector<int>{}, py::arg("slices") = std::vector<int>{},
+           py::keep_alive<1, 3>(),
            "The features of one insert function, in the order every rank uses; `description` (a line per "
            "feature) is what the ranks compare. A pooled feature (pooled 1; 2: no lookup of it has weights) "
            "takes its ids as (ids, row_splits). placements: per feature, its table's (-1 row-wise, -2 "
-           "replicated, a rank: table-wise).")
+           "replicated, a rank: table-wise); slices: per feature, how many ranks from that one on hold a "
+           "column-wise table's columns (1 otherwise).")
       .def_property_readonly("description", [](const FeatureSet& fs) { return fs.description; });
 }
 

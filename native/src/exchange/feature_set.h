@@ -22,8 +22,10 @@ struct ExchangeFeature {
   // Variable-length ids pooled on the owner (pooling.h): 0 no, 1 yes, 2 yes, by lookups without
   // weights only (singleton partials shared).
   int pooled = 0;
-  // Where the table's keys live: kRowWise (key mod world), kReplicated, or a table-wise rank.
+  // Where the table's keys live: kRowWise (key mod world), kReplicated, or a table-wise rank; a
+  // column-wise table is table-wise over `slices` ranks from that one on (key_router.h).
   int placement = kRowWise;
+  int slices = 1;
 };
 
 inline uint64_t fnv1a(const std::string& s) {

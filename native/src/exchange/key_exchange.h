@@ -118,6 +118,7 @@ class KeyExchange {
     for (size_t f = 0; f < keys.size() && f < fs.features.size(); ++f) {
       keys[f].counted = allocate_ && fs.features[f].index->counts();
       keys[f].placement = fs.features[f].placement;
+      keys[f].slices = fs.features[f].slices;
     }
     const auto t0 = std::chrono::steady_clock::now();
     cpu_ns0_ = thread_cpu_ns();
@@ -198,9 +199,11 @@ class KeyExchange {
       const bool share = fs.features[f].pooled == 2;
       in.push_back(k.keys_are_int32
                        ? pool_input(static_cast<const int32_t*>(k.keys), k.splits, k.examples, share, o.restore,
-                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement)
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement,
+                                    k.slices)
                        : pool_input(static_cast<const int64_t*>(k.keys), k.splits, k.examples, share, o.restore,
-                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement));
+                                    o.recv_splits, o.send_splits, o.expand, std::move(received), k.placement,
+                                    k.slices));
       which.push_back(f);
     }
     if (which.empty()) return;

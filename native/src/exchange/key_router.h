@@ -18,7 +18,9 @@
 namespace shardrec {
 
 // Where a table's keys live (the sharding planner's placement, rank_runtime/embedding/planner.py):
-// spread by key (row-wise), all on one rank (table-wise: that rank, >= 0), or on every rank.
+// spread by key (row-wise), all on one rank (table-wise: that rank, >= 0), or on every rank. A
+// column-wise table is a table-wise one over `slices` ranks from its rank on: each of them holds
+// every key (its own columns), so each gets the same unique keys in the same order.
 constexpr int kRowWise = -1;
 constexpr int kReplicated = -2;
 
@@ -46,7 +48,8 @@ struct RouterInput {
   // A pooled feature's examples: ragged row splits (examples + 1 of them); nullptr otherwise.
   const int64_t* splits = nullptr;
   size_t examples = 0;
-  int placement = kRowWise;  // kRowWise, kReplicated or the rank of a table-wise table
+  int placement = kRowWise;  // kRowWise, kReplicated or the (first) rank of a table-wise table
+  int slices = 1;            // column-wise: the ranks placement .. placement + slices - 1
 };
 
 // The batch's per-sample timestamps (the is_timestamp feature): id i of a feature with n ids
@@ -68,6 +71,8 @@ class KeyRouter {
     place_.resize(nf_);
     meta_.resize(nf_);
     replicated_.assign(nf_, false);
+    fan_first_.assign(nf_, 0);
+    fan_count_.assign(nf_, 0);
     counted_ = false;
     counts_.assign(nf_, std::vector<int32_t>(world_, 0));
     restore.resize(nf_);
@@ -85,14 +90,19 @@ class KeyRouter {
         owners_of(unique_[f].data(), nu, world_, owner_[f].data());
         for (size_t u = 0; u < nu; ++u) place_[f][u] = counts_[f][owner_[f][u]]++;
       } else {
-        // One owner (table-wise), or every rank (replicated): each gets the unique keys in order.
-        if (in[f].placement >= world_ || in[f].placement < kReplicated)
-          throw std::invalid_argument("placement " + std::to_string(in[f].placement) + " outside the world of " +
+        // Table-wise (one owner, or a column-wise table's slice ranks) or replicated (every rank):
+        // each of those ranks gets the unique keys in order.
+        const int first = replicated_[f] ? 0 : in[f].placement;
+        const int count = replicated_[f] ? world_ : in[f].slices;
+        if (in[f].placement < kReplicated || count < 1 || first + count > world_)
+          throw std::invalid_argument("placement " + std::to_string(in[f].placement) + " over " +
+                                      std::to_string(in[f].slices) + " rank(s) outside the world of " +
                                       std::to_string(world_) + " ranks");
+        fan_first_[f] = first;
+        fan_count_[f] = count;
         std::fill(owner_[f].begin(), owner_[f].end(), in[f].placement);
         for (size_t u = 0; u < nu; ++u) place_[f][u] = static_cast<int32_t>(u);
-        for (int r = 0; r < world_; ++r)
-          if (replicated_[f] || r == in[f].placement) counts_[f][r] = static_cast<int32_t>(nu);
+        for (int r = first; r < first + count; ++r) counts_[f][r] = static_cast<int32_t>(nu);
       }
       if (in[f].counted) count(f, in[f], restore[f].data(), ts);
     }
@@ -124,8 +134,9 @@ class KeyRouter {
     recv_buf_.resize(static_cast<size_t>(rdispl_[w]));
     std::vector<int> base(sdispl.begin(), sdispl.end() - 1);
     for (size_t f = 0; f < nf_; ++f) {
-      if (replicated_[f])
-        for (size_t r = 0; r < w; ++r) std::copy(unique_[f].begin(), unique_[f].end(), send_buf_.begin() + base[r]);
+      if (fan_count_[f] > 0)
+        for (int r = fan_first_[f]; r < fan_first_[f] + fan_count_[f]; ++r)
+          std::copy(unique_[f].begin(), unique_[f].end(), send_buf_.begin() + base[r]);
       else
         for (size_t u = 0; u < unique_[f].size(); ++u) send_buf_[base[owner_[f][u]] + place_[f][u]] = unique_[f][u];
       for (size_t r = 0; r < w; ++r) base[r] += counts_[f][r];
@@ -148,8 +159,9 @@ class KeyRouter {
     meta_recv_.resize(recv_buf_.size() * 2);
     base.assign(sdispl.begin(), sdispl.end() - 1);
     for (size_t f = 0; f < nf_; ++f) {
-      if (!meta_[f].empty() && replicated_[f])
-        for (size_t r = 0; r < w; ++r) std::copy(meta_[f].begin(), meta_[f].end(), meta_send_.begin() + base[r]);
+      if (!meta_[f].empty() && fan_count_[f] > 0)
+        for (int r = fan_first_[f]; r < fan_first_[f] + fan_count_[f]; ++r)
+          std::copy(meta_[f].begin(), meta_[f].end(), meta_send_.begin() + base[r]);
       else if (!meta_[f].empty())
         for (size_t u = 0; u < unique_[f].size(); ++u) {
           const size_t at = static_cast<size_t>(base[owner_[f][u]]) + 2 * static_cast<size_t>(place_[f][u]);
@@ -227,6 +239,9 @@ class KeyRouter {
   BatchDedup dedup_;
   std::vector<std::vector<int64_t>> unique_;
   std::vector<bool> replicated_;
+  // Per feature whose unique keys all go to a run of ranks (table-wise, column-wise, replicated):
+  // the first of them and how many (0: row-wise, each key to its own owner).
+  std::vector<int> fan_first_, fan_count_;
   std::vector<std::vector<int32_t>> owner_, place_, counts_;
   std::vector<int32_t> recv_counts_;
   std::vector<int> rdispl_;

@@ -53,6 +53,9 @@ struct PoolInput {
   // keys start among those received, and how many it sent.
   const RoutingVector* expand;
   std::vector<int32_t> received_base, received;
+  // A column-wise table's slice ranks from owner[i] on: each gets the same ids and places and
+  // pools its own columns; the requester joins their partials side by side (pooled_lookup.py).
+  int first = 0, slices = 1;
 };
 
 // A pooled feature's input from the key round: per id, its owner (key mod world) and its place
@@ -61,12 +64,15 @@ struct PoolInput {
 template <typename Key>
 PoolInput pool_input(const Key* keys, const int64_t* splits, size_t examples, bool share_singletons,
                      const RoutingVector& restore, const RoutingVector& recv_splits, const RoutingVector& send_splits,
-                     const RoutingVector& expand, std::vector<int32_t> received, int placement = kRowWise) {
-  // placement: a table-wise table's rank owns every id; row-wise: key mod world (never kReplicated:
-  // a replicated table's ids are pooled by the requester).
+                     const RoutingVector& expand, std::vector<int32_t> received, int placement = kRowWise,
+                     int slices = 1) {
+  // placement: a table-wise table's rank owns every id (a column-wise table's first slice rank: the
+  // slices after it get copies); row-wise: key mod world (never kReplicated: a replicated table's
+  // ids are pooled by the requester).
   const size_t w = recv_splits.size(), n = restore.size();
   PoolInput in{splits, examples, share_singletons, std::vector<int32_t>(n), std::vector<int32_t>(n), &expand,
-               std::vector<int32_t>(w, 0), std::move(received)};
+               std::vector<int32_t>(w, 0), std::move(received), std::max(placement, 0),
+               placement >= 0 ? slices : 1};
   std::vector<int32_t> back_base(w, 0);
   for (size_t r = 1; r < w; ++r) {
     back_base[r] = back_base[r - 1] + recv_splits[r - 1];
@@ -179,6 +185,21 @@ class KeyPooler {
       base += o.partial_recv_splits[r];
       blocks[r] = lengths_[r];
       blocks[r].insert(blocks[r].end(), places_[r].begin(), places_[r].end());
+    }
+    if (in.slices > 1) copy_to_slices(in, o, blocks);
+  }
+
+  // A column-wise table: every slice rank after the first gets the first's ids, places and partial
+  // lengths, so each returns the same partials of its own columns. The requester reads its partials
+  // (partial_index, partial_examples) from the first block once the blocks are joined side by side.
+  static void copy_to_slices(const PoolInput& in, PoolRouting& o, std::vector<std::vector<int32_t>>& blocks) {
+    const size_t first = static_cast<size_t>(in.first);
+    const RoutingVector once(o.occ_order);
+    for (size_t r = first + 1; r < first + static_cast<size_t>(in.slices); ++r) {
+      blocks[r] = blocks[first];
+      o.occ_send_splits[r] = o.occ_send_splits[first];
+      o.partial_recv_splits[r] = o.partial_recv_splits[first];
+      o.occ_order.insert(o.occ_order.end(), once.begin(), once.end());
     }
   }
 

@@ -39,6 +39,13 @@ class PooledSumOp : public OpKernel {
                 InvalidArgument("index, segments and weights must be 1-D"));
     OP_REQUIRES(ctx, n_out >= 0, InvalidArgument("num_segments must be >= 0, got ", n_out));
     const int64_t n_rows = rows.dim_size(0), dim = rows.dim_size(1);
+    Tensor* out = nullptr;
+    if (n_out == 0 && index.NumElements() == 0 && segments.NumElements() == 0) {
+      // No partial to make (an owner no id reached): not the identity, whose rows would have nowhere
+      // to go (with static shapes such an owner still holds the padding's row).
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0, dim}), &out));
+      return;
+    }
     const int64_t n = index.NumElements() > 0 ? index.NumElements() : segments.NumElements() > 0
                                                                         ? segments.NumElements()
                                                                         : n_rows;
@@ -53,7 +60,6 @@ class PooledSumOp : public OpKernel {
     if (segments.NumElements() > 0 && !IndicesInside(ctx, seg, n, n_out, "segment")) return;
     if (segments.NumElements() == 0)
       OP_REQUIRES(ctx, n <= n_out, InvalidArgument(n, " positions, ", n_out, " segments"));
-    Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_out, dim}), &out));
     const float* src = rows.flat<float>().data();
     const float* w = weights.NumElements() > 0 ? weights.flat<float>().data() : nullptr;
