@@ -33,7 +33,7 @@ CONFIGS = ["ragged-sum-now-sgd", "sparse-mean-now-sgd", "graph-sqrtn-now-sgd",
            "ragged-sum-w-sgd-admission-replicated", "ragged-mean-w-lazy_adam-columnwise",
            "graph-sum-now-sgd-columnwise", "sparse-sqrtn-w-sgd-admission-columnwise",
            "ragged-sum-now-lazy_adam-expansion-columnwise", "graph-mean-w-sgd-static-columnwise",
-           "graph-mean-w-sgd-static-tablewise"]
+           "graph-mean-w-sgd-static-tablewise", "sparse-mean-w-sgd-eviction-columnwise"]
 RANKS = (1, 2, 3)
 
 

@@ -110,6 +110,8 @@ def check_against_plain_tensorflow(parts, n, opt):
     for table in job.TABLES:
         rows = held(parts, table)
         assert rows.keys() == reference[table].keys(), table
+        # global_size() counts each key once: a replica's or a column slice's copies are not more keys.
+        assert [int(p[f"{table}.global_size"]) for p in parts] == [len(rows)] * n, table
         assert max(np.abs(r - 0.1).max() for r in rows.values()) > 0.01, "training moved the rows"
         for key, row in reference[table].items():
             np.testing.assert_allclose(rows[key], row, atol=1e-5, rtol=0, err_msg=f"{table} key {key}")

@@ -19,7 +19,7 @@ from ..process import config
 from . import export_view, native_ops, placing
 from ..process.logs import get_logger, warn_once
 from .row_dtypes import RowDtypes, row_dtypes
-from ..formats.sharding_plan import REPLICATED, ROW_WISE, Placement, TablePlan
+from ..formats.sharding_plan import COLUMN_WISE, REPLICATED, ROW_WISE, Placement, TablePlan
 from .placing import replica_initial
 from .row_store import make_store
 from .tiers import SsdTier, TierCounters, ssd_paths, swap_policy
@@ -227,7 +227,9 @@ class EmbeddingTable:
         """Keys held by all ranks together (a replicated table's, or a column-wise one's, once). Every
         rank must call it at the same point; a lone caller gets a TimeoutError instead of hanging the job."""
         total = get_world().sum_over_ranks(self.size(), f"table {self.table_name!r}: global_size()", timeout)
-        return total // len(self.placement.ranks(get_world().size))
+        # Every replica, and every slice of a column-wise table, holds each of its keys.
+        copies = len(self.placement.ranks(get_world().size)) if self.placement.kind in (REPLICATED, COLUMN_WISE) else 1
+        return total // copies
 
     def counters(self) -> "TableCounters":
         """This rank's counters (TableCounters)."""

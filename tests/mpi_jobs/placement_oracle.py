@@ -152,6 +152,7 @@ def train(args, opt, mode, tag):
             out.update({f"{table.table_name}.{column}": np.asarray(rows, np.float32) if column != "keys" else rows
                         for column, rows in table.export(sess).items()})
             out[f"{table.table_name}.placement"] = table.placement.describe()
+            out[f"{table.table_name}.global_size"] = table.global_size()
     np.savez(os.path.join(args.out, f"{tag}-rank{rank}-of{size}.npz"), **out)
     terminate_config_initializer()
 
