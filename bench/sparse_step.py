@@ -100,8 +100,8 @@ def main(argv=None):
         dataset = workload.batch_dataset(keys, rows)
     # A global vocabulary: the ranks draw different batches, so their key sets differ.
     capacity = int(seen * size * 1.05) + 16
-    if (args.faae or args.memory_fraction) and args.peer != "shardrec":
-        p.error("--faae and --memory-fraction are shardrec's")
+    if (args.faae or args.memory_fraction or args.sharding) and args.peer != "shardrec":
+        p.error("--faae, --memory-fraction and --sharding are shardrec's")
     extra = {"faae": True, "evict_every": args.evict_every} if args.faae else {}
     ssd_dir = None
     if args.peer == "shardrec":

@@ -1,6 +1,6 @@
-"""Placements (row-wise, table-wise, replicated) under real mpiexec against plain TensorFlow on the
-global batches; a checkpoint saved under one plan restored exactly under another plan and rank
-count; the plan in shardrec-ckpt inspect."""
+"""Placements (row-wise, table-wise, replicated, column-wise) under real mpiexec against plain
+TensorFlow on the global batches; a checkpoint saved under one plan restored exactly under another
+plan and rank count; the plan in shardrec-ckpt inspect."""
 import os
 import re
 import subprocess
