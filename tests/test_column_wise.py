@@ -92,3 +92,20 @@ def test_slices_come_back_side_by_side_from_padded_blocks_with_the_missing_key_f
             got = sess.run(joined)
     expected = np.concatenate([whole, flag], 1)[ids] if missing_column else whole[ids]
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_slice_rank_that_answers_too_late_is_never_read_as_a_later_save():
+    """A save's rows from a slice rank that came after the first slice rank gave up (a frozen rank):
+    the first slice rank's wait times out, and its every later exchange of slices fails at once
+    naming why, rather than taking the late rows for the next save's (tests/mpi_jobs/slice_arrays.py).
+    The late rank's small sends may complete on its side (MPI sends them eagerly); its save then
+    fails in the save's agreement, as the first slice rank's does."""
+    import re
+
+    from mpi_helpers import check, mpiexec
+
+    out = check(mpiexec(2, "slice_arrays.py", timeout=120)).stdout
+    assert re.search(r"ROUND1 rank=0 TimeoutError: round 1: waiting for rank 1: no answer within 1 s", out), out
+    assert re.search(r"ROUND2 rank=0 RuntimeError: round 2: waiting for rank 1: a rank gave no answer within 1 s on "
+                     r"an earlier save; the column slices' ranks are out of step", out), out
+    assert "GOT" not in out, out

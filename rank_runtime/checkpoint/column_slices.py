@@ -56,7 +56,8 @@ def save_joined(table: Any, names: List[str], folder: str,
         order = _aligned(table, keys, other_keys, first, r)
         for i, column in enumerate(columns):
             joined[i].append(column[order])
-    return state, {n: _written(table, folder, n, np.concatenate(parts, axis=1)) for n, parts in zip(names, joined)}, True
+    files = {n: _written(table, folder, n, np.concatenate(parts, axis=1)) for n, parts in zip(names, joined)}
+    return state, files, True
 
 
 def _saved(folder: str, names: List[str], save_into: SaveInto) -> Tuple[object, List[np.ndarray]]:

@@ -79,6 +79,7 @@ class World:
         self._helper_broken = None
         # Point to point between a column-wise table's slice ranks when it is saved.
         self._arrays = comm.Dup()
+        self._arrays_broken = None
         self._mpi = MPI
         self._world_comm = comm
         self._row_comms = {}
@@ -160,46 +161,54 @@ class World:
         kept = [np.ascontiguousarray(a) for a in arrays]
         header = json.dumps({"error": error, "arrays": [[a.dtype.str, list(a.shape)] for a in kept]}).encode()
         size = np.array([len(header)], np.int64)
-        requests = [self._arrays.Isend(size, dest, tag=1), self._arrays.Isend(header, dest, tag=2)]
-        requests += [self._arrays.Isend(a, dest, tag=3) for a in kept]
-        self._wait_all(requests, f"{what}: sending to rank {dest}", timeout)
+        self._wait_arrays(lambda: [self._arrays.Isend(size, dest, tag=1), self._arrays.Isend(header, dest, tag=2)]
+                          + [self._arrays.Isend(a, dest, tag=3) for a in kept], f"{what}: sending to rank {dest}",
+                          timeout)
 
     def receive_arrays(self, source: int, what: str, timeout: float) -> List[np.ndarray]:
         """The arrays rank `source` sends with send_arrays; its error text, if it sent one, as a RuntimeError."""
+        waiting = f"{what}: waiting for rank {source}"
         size = np.zeros(1, np.int64)
-        self._wait_all([self._arrays.Irecv(size, source, tag=1)], f"{what}: waiting for rank {source}", timeout)
+        self._wait_arrays(lambda: [self._arrays.Irecv(size, source, tag=1)], waiting, timeout)
         header = bytearray(int(size[0]))
-        self._wait_all([self._arrays.Irecv(header, source, tag=2)], f"{what}: waiting for rank {source}", timeout)
+        self._wait_arrays(lambda: [self._arrays.Irecv(header, source, tag=2)], waiting, timeout)
         said = json.loads(bytes(header))
         arrays = [np.empty(shape, np.dtype(dtype)) for dtype, shape in said["arrays"]]
-        self._wait_all([self._arrays.Irecv(a, source, tag=3) for a in arrays], f"{what}: waiting for rank {source}",
-                       timeout)
+        self._wait_arrays(lambda: [self._arrays.Irecv(a, source, tag=3) for a in arrays], waiting, timeout)
         if said["error"] is not None:
             raise RuntimeError(f"{what}: rank {source} failed: {said['error']}")
         return arrays
 
-    def _wait_all(self, requests, what, timeout):
+    def _wait_arrays(self, start, what, timeout):
+        """After a timeout the arrays' communicator is not used again: a message sent late would be
+        taken for the next save's."""
+        if self._arrays_broken:
+            raise RuntimeError(f"{what}: {self._arrays_broken}")
+        requests = start()
+        if not self._done_within(requests, timeout):
+            for request in requests:
+                request.Cancel()
+            self._arrays_broken = (f"a rank gave no answer within {timeout:.0f} s on an earlier save; the column "
+                                   "slices' ranks are out of step: restart the job from its last checkpoint")
+            raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at another "
+                               "step); every rank must save at the same step")
+
+    def _done_within(self, requests, timeout) -> bool:
         deadline = time.monotonic() + timeout
         while not self._mpi.Request.Testall(requests):
             if time.monotonic() > deadline:
-                for request in requests:
-                    request.Cancel()
-                raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at "
-                                   "another step); every rank must save at the same step")
+                return False
             time.sleep(0.001)
+        return True
 
     def _wait(self, start, what, timeout):
         if self._helper_broken:
             raise RuntimeError(f"{what}: {self._helper_broken}")
-        request = start()
-        deadline = time.monotonic() + timeout
-        while not request.Test():
-            if time.monotonic() > deadline:
-                self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
-                                       "all ranks must call it together, and the ranks are now out of step")
-                raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
-                                   "call it together (at the same point of the script)")
-            time.sleep(0.001)
+        if not self._done_within([start()], timeout):
+            self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
+                                   "all ranks must call it together, and the ranks are now out of step")
+            raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
+                               "call it together (at the same point of the script)")
 
 
 def unlink_own_segments() -> None:
