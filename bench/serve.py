@@ -86,6 +86,24 @@ def write_checkpoints(args, root):
     return paths, changed, keys
 
 
+def model_arguments(p, keys):
+    """The table and the requests every serving benchmark takes."""
+    p.add_argument("--keys", type=int, default=keys)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batch", type=int, default=256, help="instances a request")
+
+
+def exported(args, root):
+    """The checkpoints (write_checkpoints) and the SavedModel of the first, in `root`: (their paths, the
+    ids the job read, the SavedModel's directory)."""
+    from shardrec.rank_runtime import export_saved_model
+
+    paths, _, keys = write_checkpoints(args, root)
+    export = os.path.join(root, "export")
+    export_saved_model(paths[0], export, model_fn(args.dim), {"ids": tf.TensorSpec([None, FIELDS], tf.int64)})
+    return paths, keys, export
+
+
 def _list(root, paths):
     from tensorflow.python.checkpoint import checkpoint_management
 
@@ -99,10 +117,10 @@ def _status_version(conn):
     return int(body["model_version_status"][0]["version"]) if "model_version_status" in body else None
 
 
-def start_server(export, root, batching):
+def start_server(export, root, batching, extra=()):
     cli = os.path.join(os.path.dirname(sys.executable), "shardrec-serve")
     proc = subprocess.Popen([cli, export, "--follow", root, "--port", "0", "--grpc-port", "0", "--poll-s", "0.1",
-                             "--threads", "16"] + (["--enable-batching"] if batching else []),
+                             "--threads", "16"] + (["--enable-batching"] if batching else []) + list(extra),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines, target = [], None
@@ -348,11 +366,9 @@ def run(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--keys", type=int, default=5_000_000)
-    p.add_argument("--dim", type=int, default=16)
+    model_arguments(p, 5_000_000)
     p.add_argument("--deltas", type=int, default=16, help="those not needed during the loads are listed before")
     p.add_argument("--rates", type=float, nargs="+", default=[200.0], help="requests per second")
-    p.add_argument("--batch", type=int, default=256)
     p.add_argument("--load-s", type=float, default=30.0)
     p.add_argument("--saturate-s", type=float, default=15.0)
     p.add_argument("--update-every", type=float, default=10.0)

@@ -86,23 +86,16 @@ def stages(export, save, arrays, reps, rounds):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--keys", type=int, default=1_000_000)
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--batch", type=int, default=256)
+    serve.model_arguments(p, 1_000_000)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=200)
     args = p.parse_args()
     args.deltas = 1
     args.dir = None
     tf.compat.v1.disable_eager_execution()
-    from shardrec.rank_runtime import export_saved_model
-
     root = tempfile.mkdtemp(prefix="shardrec-bench-stages-")
     try:
-        paths, _, keys = serve.write_checkpoints(args, root)
-        export = os.path.join(root, "export")
-        export_saved_model(paths[0], export, serve.model_fn(args.dim),
-                           {"ids": tf.TensorSpec([None, serve.FIELDS], tf.int64)})
+        paths, keys, export = serve.exported(args, root)
         arrays = serve.batches(keys, args)
         out = {"keys": args.keys, "dim": args.dim, "batch": args.batch,
                "stages": stages(export, paths[0], arrays, args.reps, args.rounds)}

@@ -2,6 +2,7 @@
 
     shardrec-serve SAVED_MODEL [--follow MODEL_DIR] [--model-name NAME] [--port 8501] [--grpc-port 8500]
                    [--host 127.0.0.1] [--threads 8] [--max-body-mb 64] [--poll-s 0.5]
+                   [--tensorflow-inter-op-parallelism 0] [--tensorflow-intra-op-parallelism 0]
                    [--enable-batching [--max-batch-size 1000] [--batch-timeout-micros 0]
                     [--num-batch-threads CPUS] [--max-enqueued-batches 10]]
 
@@ -50,6 +51,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     b.add_argument("--max-enqueued-batches", type=int, default=10, help="batches' worth of requests that may "
                    "wait (default 10); more are refused (503 / UNAVAILABLE)")
     p.add_argument("--poll-s", type=float, default=0.5, help="seconds between looks at MODEL_DIR's state file")
+    t = p.add_argument_group("the model's threads (TF Serving's --tensorflow_inter_op_parallelism and "
+                             "--tensorflow_intra_op_parallelism)")
+    t.add_argument("--tensorflow-inter-op-parallelism", type=int, default=0, metavar="N",
+                   help="threads that run a request's independent ops (0, default: TensorFlow picks, the CPUs; "
+                   "-1: each request's ops run in the thread that serves it)")
+    t.add_argument("--tensorflow-intra-op-parallelism", type=int, default=0, metavar="N",
+                   help="threads one op may split its work over (0, default: TensorFlow picks, the CPUs)")
     args = p.parse_args(argv)
     if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
         p.error(f"{args.saved_model}: not a SavedModel (no saved_model.pb); write one with shardrec-export")
@@ -63,6 +71,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             or args.max_enqueued_batches < 1:
         p.error("--max-batch-size, --num-batch-threads and --max-enqueued-batches must be >= 1, "
                 "--batch-timeout-micros >= 0")
+    if args.tensorflow_inter_op_parallelism < -1 or args.tensorflow_intra_op_parallelism < 0:
+        p.error("--tensorflow-inter-op-parallelism must be -1 (the request's thread), 0 (TensorFlow picks) or a "
+                "count of threads; --tensorflow-intra-op-parallelism 0 or a count")
     return args
 
 
@@ -87,7 +98,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from shardrec.rank_runtime.serving.live.versions import ServedVersion, VersionInfo
 
     try:
-        graph = ModelGraph(args.saved_model)
+        graph = ModelGraph(args.saved_model, session_config=tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=args.tensorflow_inter_op_parallelism,
+            intra_op_parallelism_threads=args.tensorflow_intra_op_parallelism))
     except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
         print(f"shardrec-serve: {args.saved_model}: cannot load the SavedModel: {e}", file=sys.stderr)
         return 2

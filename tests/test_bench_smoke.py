@@ -128,3 +128,20 @@ def test_the_placements_benchmark_runs_one_table_under_each_placement_on_two_ran
     assert [r["placement"] for r in report["runs"]] == ["row_wise", "column_wise"]
     assert all(r["cpu_ns_per_id"] > 0 and r["ids_per_s"] > 0 for r in report["runs"])
     assert re.search(r"round 1: row_wise 1\.00x, column_wise \d+\.\d\dx", proc.stdout), proc.stdout
+
+
+def test_the_serving_threads_benchmark_answers_every_request_under_each_setting():
+    """bench/serve_threads.py in one short round: a server per inter-op setting, each API's
+    one-at-a-time and open-loop figures, no request refused."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "serve_threads.py"), "--keys", "20000",
+                           "--rounds", "1", "--sequential", "10", "--rate", "50", "--load-s", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted((r["setting"], r["api"]) for r in report["rounds"]) == [(-1, "grpc"), (-1, "rest"), (0, "grpc"),
+                                                                          (0, "rest")]
+    for r in report["rounds"]:
+        assert r["load"]["requests"] == 50 and r["load"]["errors"] == 0, r
+        assert r["sequential"]["p50_ms"] > 0 and r["load"]["p99_ms"] >= r["load"]["p50_ms"], r
+    assert set(report["medians"]) == {"-1_rest", "-1_grpc", "0_rest", "0_grpc"}

@@ -157,14 +157,16 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(chains, tmp_
     """12 threads, each sending 10 requests of its own ids (1 to 40 of them, a request larger than
     --max-batch-size among them), over REST and gRPC at once, to a server that waits up to 50 ms for
     a batch to fill: batches of several requests run (the metric), and every answer equals the
-    unbatched answer of the same ids and the export's."""
+    unbatched answer of the same ids and the export's. The unbatched server runs each request's ops
+    in the request's own thread, one thread an op; the batching one on TensorFlow's pools."""
     checkpoint = os.path.join(chains[2], "model-4")
     export = _batched_export(checkpoint, tmp_path / "batched")
     pool = probe_ids([checkpoint])
     rng = np.random.default_rng(7)
     asks = [[rng.choice(pool, size=int(rng.integers(1, 41))) for _ in range(10)] for _ in range(12)]
     asks[0][0] = rng.choice(pool, size=70)  # over --max-batch-size 64: runs alone
-    plain = LiveServer(export, None, "--grpc-port", "0")
+    plain = LiveServer(export, None, "--grpc-port", "0", "--tensorflow-inter-op-parallelism", "-1",
+                       "--tensorflow-intra-op-parallelism", "1")
     try:
         want = {(t, i): plain.grpc_predict(ids)[0] for t, row in enumerate(asks) for i, ids in enumerate(row)}
     finally:

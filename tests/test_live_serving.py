@@ -454,8 +454,8 @@ def test_numbered_version_directories_for_tf_serving_follow_the_job_and_keep_the
 
 def test_bad_arguments_are_named_before_anything_is_served(chains, tmp_path):
     """No SavedModel, a --follow that is not a directory, a SavedModel that shardrec-export did not
-    write asked to follow a job, a gRPC port out of range or taken, a batch of no instances: exit
-    status 2, the cause named."""
+    write asked to follow a job, a gRPC port out of range or taken, a batch of no instances, a thread
+    setting TensorFlow has no meaning for: exit status 2, the cause named."""
     import subprocess
 
     from live_server import SERVE
@@ -477,6 +477,7 @@ def test_bad_arguments_are_named_before_anything_is_served(chains, tmp_path):
              ([plain, "--follow", chains[2]], "has no shardrec tables' layout"),
              ([chains["export"], "--grpc-port", "70000"], "--grpc-port 70000: must be 0..65535"),
              ([chains["export"], "--enable-batching", "--max-batch-size", "0"], "--max-batch-size"),
+             ([chains["export"], "--tensorflow-inter-op-parallelism", "-2"], "-1 (the request's thread), 0"),
              ([chains["export"], "--grpc-port", str(taken.getsockname()[1])], "cannot listen")]
     try:
         for args, message in cases:

@@ -43,7 +43,7 @@ class _OpByOp:
 
 versions.ReadWriteLock = _NoLock
 _new_session = model_graph.ModelGraph.new_session
-model_graph.ModelGraph.new_session = lambda self, config=None: _OpByOp(_new_session(self, config))
+model_graph.ModelGraph.new_session = lambda self: _OpByOp(_new_session(self))
 
 if __name__ == "__main__":
     sys.exit(serve_cli.main())

@@ -4,6 +4,7 @@
 versions, checks and metrics as the REST side (predictor.py). Requests arrive as bytes and are
 parsed here, so that a malformed one is INVALID_ARGUMENT naming the message, not grpcio's INTERNAL;
 a message over the limit is refused by grpcio itself with RESOURCE_EXHAUSTED."""
+import math
 import time
 from concurrent import futures
 from typing import Any, Callable, Dict, Optional
@@ -40,7 +41,7 @@ def _array(alias: str, proto: Any, spec: TensorSpecOf, limit: int) -> np.ndarray
         raise InputError(f"input {alias!r}: TensorProto.tensor_shape {dims} has a negative dimension")
     # A TensorProto may give fewer values than its shape holds (TensorFlow repeats the last one):
     # a few bytes could declare terabytes, so the decoded size is bounded as a message is.
-    decoded = int(np.prod(dims, dtype=object)) * max(1, spec.dtype.size)
+    decoded = math.prod(dims) * max(1, spec.dtype.size)
     if decoded > limit:
         raise PredictError("RESOURCE_EXHAUSTED", f"input {alias!r}: shape {dims} of {spec.dtype.name} is {decoded} "
                            f"bytes decoded, over the limit of {limit} (shardrec-serve --max-body-mb)")

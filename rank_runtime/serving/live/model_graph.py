@@ -58,10 +58,13 @@ class _TableOps:
 
 
 class ModelGraph:
-    """The graph of the SavedModel at `export_dir`, finalized once the update ops are added."""
+    """The graph of the SavedModel at `export_dir`, finalized once the update ops are added; every
+    session of it takes `session_config` (None: TensorFlow's defaults)."""
 
-    def __init__(self, export_dir: str, tags=(tf.saved_model.SERVING,)):
+    def __init__(self, export_dir: str, tags=(tf.saved_model.SERVING,),
+                 session_config: Optional[tf.compat.v1.ConfigProto] = None):
         self.graph = tf.Graph()
+        self.session_config = session_config
         loader = loader_impl.SavedModelLoader(export_dir)
         meta = loader.get_meta_graph_def_from_tags(list(tags))
         self._loader, self._tags = loader, list(tags)
@@ -83,8 +86,8 @@ class ModelGraph:
         """Whether this SavedModel was written by shardrec-export (its tables' layouts are known)."""
         return bool(self.layouts)
 
-    def new_session(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.Session:
-        return tf.compat.v1.Session(graph=self.graph, config=config)
+    def new_session(self) -> tf.compat.v1.Session:
+        return tf.compat.v1.Session(graph=self.graph, config=self.session_config)
 
     def load_own_variables(self, sess: tf.compat.v1.Session) -> None:
         """The SavedModel's own variables and main op: the export's state (no checkpoint followed)."""
