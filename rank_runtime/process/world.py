@@ -80,6 +80,9 @@ class World:
         # Point to point between a column-wise table's slice ranks when it is saved.
         self._arrays = comm.Dup()
         self._arrays_broken = None
+        # Requests given up on, with their buffers: MPI may not cancel a send (nor a receive already
+        # matched) and would then read or write that memory after the wait returned.
+        self._abandoned: list = []
         self._mpi = MPI
         self._world_comm = comm
         self._row_comms = {}
@@ -188,6 +191,7 @@ class World:
         if not self._done_within(requests, timeout):
             for request in requests:
                 request.Cancel()
+            self._abandoned.append((start, requests))
             self._arrays_broken = (f"a rank gave no answer within {timeout:.0f} s on an earlier save; the column "
                                    "slices' ranks are out of step: restart the job from its last checkpoint")
             raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at another "
