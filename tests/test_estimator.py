@@ -4,6 +4,7 @@ import glob
 import sys
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,27 @@ def test_predict_returns_one_prediction_per_row_in_order(flow):
     for out in ranks:
         assert out["pred_rows"] == list(range(256))
         np.testing.assert_allclose(out["pred_probs"], out["session_probs"], atol=1e-5)
+
+
+def test_a_step_limit_that_closes_one_ranks_session_before_its_prefetch_ends_the_pass_on_every_rank(flow, tmp_path):
+    """Issue 75: max_steps stops training before the data ends, and rank 1's prefetch is held at the
+    next batch until its session has closed, while rank 0's has begun that batch's key round. Rank
+    1's close answers that round, which ends the pass on rank 0: without it rank 0's close waited for the
+    round (the exchange's timeout) and rank 1 timed out in evaluate()'s first collective. The run
+    ends as one without the hold: the same checkpoint, metrics and predictions."""
+    proc = check(mpiexec(2, "estimator_flow.py", tmp_path / "model", tmp_path / "out", timeout=400,
+                         env={"HOLD_PREFETCH_S": "3"}))
+    # Rank 0's prefetch had begun batch 41; rank 1's close answered it.
+    assert re.search(r"\[rank 0/2\] .* INFO shardrec.pipeline: train data: key exchange 'train' \(rank 0 of 2\): "
+                     r"rank\(s\) 1 closed their session before beginning this round \(batch 41 ", proc.stderr), \
+        proc.stderr[-3000:]
+    _, plain = flow
+    for r in range(2):
+        held = json.loads((tmp_path / f"out-rank{r}.json").read_text())
+        assert held["metrics"]["global_step"] == 40
+        assert held["metrics"]["auc"] == pytest.approx(plain[r]["metrics"]["auc"], abs=1e-6)
+        np.testing.assert_allclose(held["pred_probs"], plain[r]["pred_probs"], atol=1e-6)
+        assert held["restored_keys"] == plain[r]["restored_keys"]
 
 
 def test_rank0_writes_dense_and_summaries_every_rank_its_shards(flow):

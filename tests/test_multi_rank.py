@@ -86,6 +86,11 @@ def test_global_size_sums_ranks_and_a_lone_caller_times_out():
     proc = check(mpiexec(2, "global_size.py", timeout=120))
     assert re.findall(r"SIZES rank=\d local=(\d+) global=(\d+)", proc.stdout) == [("40", "80")] * 2
     assert re.search(r"LONE rank=1: table 't': global_size\(\): not every rank called it within 2 s", proc.stdout)
+    # Where each rank was: rank 1's own stacks, and SIGUSR1 to rank 0 (in its exit by then, where
+    # the signal is ignored rather than ending it: the job exited 0 above).
+    assert "global_size(): timed out; the stacks of this rank and of rank(s) [0] on this host follow" in proc.stderr
+    assert re.search(r"most recent call first\):\n(  File .*\n)*  File .*global_size.py\", line 30", proc.stderr), \
+        proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("feed", ["memory", "parquet"])

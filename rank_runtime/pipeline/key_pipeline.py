@@ -105,13 +105,23 @@ class _BatchKeyProcessor:
         if graph is None or not cfg.graph_state(graph).pipeline_started:
             raise RuntimeError("the key pipeline is not started: call start_asc_pipeline() (or "
                                "modify_graph_and_start_emb_cache()) after building the graph and before running it")
+        from ...native import core as native_core
+
         exchange = get_world().exchanges[self.channel]
         features = self._feature_set(cfg, graph)
         key_arrays = _pair_pooled(key_arrays, self.pooled)
         evictions = exchange.counters().evictions if self._evicting else 0
         # A resize the supervisor asked for ends the training input here, on every rank (resize.py).
         stop = self.channel == Channel.TRAIN and resize.requested()
-        result = exchange.run(features, list(key_arrays), not (bool(is_end) or stop), timestamps)
+        try:
+            result = exchange.run(features, list(key_arrays), not (bool(is_end) or stop), timestamps)
+        except native_core.PassClosedError as e:
+            # A session closed (this rank's, or a peer's before this rank's prefetch ran out): the
+            # pass ends, and the next session's starts counting afresh.
+            self.batches = 0
+            if isinstance(e, native_core.PeerClosedError):
+                log.info("%s data: %s", self.channel.label, e)
+            raise
         if self._evicting and exchange.counters().evictions != evictions:
             self._log_eviction(exchange)
         if result.ended:
@@ -323,6 +333,30 @@ def start_asc_pipeline() -> None:
     state.pipeline_started = True
     batch_events.register(_PassEndLog())
     log.info("key pipeline started for %d table(s)", len(state.tables))
+
+
+def close_passes(graph) -> list:
+    """A session of `graph` closes: its key pipeline's channels begin no round until
+    reopen_passes(), and a peer's round that waits for a batch this rank's prefetch never began
+    ends (native/src/exchange/pass_closing.h: a step limit stops sessions before their data ends,
+    with each rank's prefetch wherever it was). Local: no collective. Returns the exchanges to
+    reopen once the session's threads are gone."""
+    if not config.is_initialized():
+        return []
+    state = config.get_config().graphs.get(graph)
+    if state is None or not state.pipeline_started:
+        return []
+    world = get_world()
+    closed = [world.exchanges[channel] for channel in sorted({insert.channel for insert in state.insert_functions})]
+    for exchange in closed:
+        exchange.close_pass()
+    return closed
+
+
+def reopen_passes(exchanges: list) -> None:
+    """Rounds may begin again on the channels close_passes closed."""
+    for exchange in exchanges:
+        exchange.reopen_pass()
 
 
 @dataclass(frozen=True)

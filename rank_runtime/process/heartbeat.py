@@ -94,6 +94,9 @@ def stacks_on_sigusr1() -> None:
     the supervisor sends it to a rank it is about to kill as hung, a user or a test to any rank
     that seems stuck. A handler the script installed itself is kept."""
     if signal.getsignal(STACKS_SIGNAL) in (signal.SIG_DFL, None):
+        # Ignored underneath: faulthandler puts back the handler it found when Python finalises, and
+        # the signal's default action would end a rank that is still in MPI's finalize then.
+        signal.signal(STACKS_SIGNAL, signal.SIG_IGN)
         faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
 

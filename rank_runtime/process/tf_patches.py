@@ -1,5 +1,6 @@
 """What init() changes in TensorFlow, never an import: Dataset.map recognises the insert function,
-the Saver becomes shardrec's, get_checkpoint_state skips uncommitted checkpoints. The environment
+the Saver becomes shardrec's, get_checkpoint_state skips uncommitted checkpoints, a session's close
+closes its key pipeline's passes (key_pipeline.close_passes). The environment
 defaults for ranks sharing a host are host_defaults.py's; the hooks that end the whole job when one
 rank fails are exit_hooks.py's.
 """
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
+from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.training import saver as saver_lib
 
@@ -36,7 +38,31 @@ def patch_tensorflow() -> None:
     checkpoint_management.get_checkpoint_state = checkpoint_state.get_checkpoint_state
     tf.train.get_checkpoint_state = tf.compat.v1.train.get_checkpoint_state = checkpoint_state.get_checkpoint_state
     _follow_agreed_saves(tf.compat.v1.train.CheckpointSaverHook)
+    _close_passes_with_sessions(session_lib.BaseSession)
     _STATE.patched = True
+
+
+def _close_passes_with_sessions(cls):
+    """Session.close() (a with block's end, MonitoredSession's, every Estimator call's) closes the
+    key pipeline's passes of its graph around TensorFlow's close (key_pipeline.close_passes). A
+    session collected without close() is closed by its __del__ whenever the garbage collector runs,
+    maybe while a newer session of the same graph runs: that close leaves the channels alone."""
+    original_close, original_del = cls.close, cls.__del__
+
+    def close(self):
+        if not self._session or self._closed or getattr(self, "_shardrec_collected", False):
+            return original_close(self)
+        closed = key_pipeline.close_passes(self.graph)
+        try:
+            return original_close(self)
+        finally:
+            key_pipeline.reopen_passes(closed)
+
+    def __del__(self):
+        self._shardrec_collected = True
+        original_del(self)
+
+    cls.close, cls.__del__ = close, __del__
 
 
 def _follow_agreed_saves(cls):

@@ -8,16 +8,19 @@ native module that links it, starts MPI). While MPI runs, an uncaught error or a
 on any rank ends the whole job at once, naming the rank and its status (exit_hooks.py).
 """
 import atexit
+import faulthandler
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
 
-from . import exit_hooks, host_defaults
+from . import exit_hooks, heartbeat, host_defaults
 from ..formats.channel import Channel, check_matches_native
+from ..formats.heartbeat_format import STACKS_SIGNAL
 from .logs import get_logger, set_rank
 
 log = get_logger("shardrec.world")
@@ -56,6 +59,15 @@ class World:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         set_rank(self.rank, self.size)
+        # Before the peers learn this pid: a SIGUSR1 from a peer whose wait timed out writes this
+        # rank's stacks (the other ranks' side of that wait) instead of ending the process.
+        heartbeat.stacks_on_sigusr1()
+        # (rank, pid, start time) of the other ranks on this host, for those stacks; the start time
+        # tells a pid taken again by another process once that rank ended.
+        import psutil
+
+        mine = (self.rank, os.getpid(), psutil.Process().create_time())
+        self._local_ranks = [peer for peer in node.allgather(mine) if peer[0] != self.rank]
         node.Free()
         exit_hooks.abort_on_uncaught_error()
         host_defaults.share_cores(self.size, self.local_size, timeout)
@@ -197,6 +209,24 @@ class World:
             raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at another "
                                "step); every rank must save at the same step")
 
+    def write_stacks(self, what: str) -> None:
+        """After a wait for the other ranks timed out: this rank's threads' stacks and, through
+        SIGUSR1, those of the other ranks on this host, each to its own stderr, so that the log
+        says where every rank was instead of only that one waited."""
+        log.error("%s: timed out; the stacks of this rank and of rank(s) %s on this host follow in their logs", what,
+                  [peer[0] for peer in self._local_ranks])
+        import psutil
+
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        for _, pid, started in self._local_ranks:
+            try:
+                if psutil.Process(pid).create_time() == started:
+                    os.kill(pid, STACKS_SIGNAL)
+            except (OSError, psutil.Error):
+                pass  # that rank has ended already
+        # The signalled ranks write before this rank's error ends the job (MPI_Abort).
+        time.sleep(1.0)
+
     def _done_within(self, requests, timeout) -> bool:
         deadline = time.monotonic() + timeout
         while not self._mpi.Request.Testall(requests):
@@ -211,6 +241,7 @@ class World:
         if not self._done_within([start()], timeout):
             self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
                                    "all ranks must call it together, and the ranks are now out of step")
+            self.write_stacks(what)
             raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
                                "call it together (at the same point of the script)")
 

@@ -6,11 +6,15 @@ seeds add them), then a tf.Session evaluation of the same checkpoint as the orac
 Writes OUT_JSON_PREFIX-rank<r>.json: the Estimator's eval metrics, the Session-mode AUC and
 predictions of the same checkpoint, the Estimator's predictions (with the row numbers they came
 with) and the table sizes. With SSD_DIR set, the table has an SSD tier there below a memory budget
-of 220 rows a rank (every graph the Estimator builds makes its own).
+of 220 rows a rank (every graph the Estimator builds makes its own). With HOLD_PREFETCH_S set, the
+training data runs two batches past max_steps (as a step limit leaves it) and rank 1's input holds
+the batch after the last trained one that many seconds: its session closes before its prefetch
+begins that batch's key round, while rank 0's has begun it (issue 75's race, forced).
 """
 import json
 import os
 import sys
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -24,6 +28,7 @@ from mx_rec.util.initialize import get_initializer, get_rank_id, get_rank_size, 
 
 FIELDS, DIM, DENSE, BATCH = 5, 8, 3, 32
 TRAIN_STEPS, EVAL_ROWS = 40, 8 * BATCH
+HOLD_PREFETCH_S = float(os.environ.get("HOLD_PREFETCH_S", "0"))
 
 
 def data(rows, seed):
@@ -35,11 +40,30 @@ def data(rows, seed):
     return {"ids": ids, "x": x, "row": np.arange(rows, dtype=np.int64)}, label
 
 
+def _hold_after_last_step(batch_number):
+    if batch_number == TRAIN_STEPS:
+        time.sleep(HOLD_PREFETCH_S)
+    return batch_number
+
+
+@tf.autograph.experimental.do_not_convert
+def _held(batch_number, element):
+    """The element, once rank 1's prefetch has waited at the batch after the last trained one."""
+    with tf.control_dependencies([tf.numpy_function(_hold_after_last_step, [batch_number], tf.int64)]):
+        return tf.nest.map_structure(tf.identity, element)
+
+
 def input_fn(mode, rank):
     def fn():
         if mode == "train":
             features, labels = data(TRAIN_STEPS * BATCH, 10 + rank)
-            return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH, drop_remainder=True)
+            dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH, drop_remainder=True)
+            if HOLD_PREFETCH_S:
+                more = tf.data.Dataset.from_tensor_slices(data(2 * BATCH, 20 + rank)).batch(BATCH, drop_remainder=True)
+                dataset = dataset.concatenate(more)
+                if rank == 1:
+                    dataset = dataset.enumerate().map(_held)
+            return dataset
         features, labels = data(EVAL_ROWS, 100 + rank)
         if mode == "predict":
             return tf.data.Dataset.from_tensor_slices(features).batch(BATCH, drop_remainder=True)

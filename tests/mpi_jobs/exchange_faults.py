@@ -18,6 +18,7 @@
                      (run it on 2 or 3 ranks)
     empty_rank       rank 1's dataset is empty
     stop_early       both ranks run 3 of 40 steps and exit; rank 0's prefetch runs on for 3 s first
+    stop_and_resume  as stop_early (1 s), then a second session of the same graph trains the whole pass
     extra_lookup     rank 1 looks its feature up twice, rank 0 once
     row_splits_disagree  a row exchange whose splits the ranks disagree on: rank 0 sends rank 1 two rows
                      where it expects one, rank 1 sends rank 0 one where it expects two
@@ -212,23 +213,41 @@ def empty_rank():
         run_catching(sess, iterator, loss, rank)
 
 
-def stop_early():
-    """A script that stops before its data ends (max_steps): rank 1 closes its session at once, rank
-    0's prefetch goes on exchanging batches for 3 s first, so its pipeline waits in a round that
-    rank 1 never joins; rank 1's clean exit must end that round."""
+def stop_after_three_steps(fetch, hold_s):
+    """A session of the step-limited graph (prefetch 8) that runs 3 of its 40 batches; rank 0's
+    prefetch runs on for `hold_s` before it closes, rank 1 closes at once."""
     init()
     rank = get_rank_id()
     ids = np.arange(640).reshape(320, 2)
     iterator, loss, _ = train_graph({"ids": ids}, {"t": 4}, {"ids": "t"}, 8, prefetch=8)
+    fetch = train_op(loss) if fetch == "step" else loss
     start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(iterator.initializer)
         for _ in range(3):
-            sess.run(loss)
+            sess.run(fetch)
         if rank == 0:
-            time.sleep(3)
+            time.sleep(hold_s)
+    return rank, iterator, fetch
+
+
+def stop_early():
+    """A script that stops before its data ends (max_steps): rank 1 closes its session at once, rank
+    0's prefetch goes on exchanging batches for 3 s first, so its pipeline waits in a round that
+    rank 1 never begins; rank 1's close must end that round."""
+    rank, _, _ = stop_after_three_steps("loss", 3)
     say(f"RESULT rank={rank} closed")
+
+
+def stop_and_resume():
+    """Two sessions of one graph: the first stops after 3 steps with the ranks' prefetches at
+    different rounds (rank 0's runs on for 1 s), the second trains the whole pass. The first's
+    close words (pass_closing.h) must neither end nor shift the second's rounds."""
+    rank, iterator, step = stop_after_three_steps("step", 1)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        run_catching(sess, iterator, step, rank)
 
 
 def eval_after_exit():

@@ -161,6 +161,10 @@ void bind_key_exchange(py::module_& m) {
             ex.leave();
           },
           "At exit: every peer's pending or next round on this channel sees this rank out of data.")
+      .def("close_pass", &KeyExchange::close_pass,
+           "A session of this channel closes: no round begins until reopen_pass(), and a peer's round waiting "
+           "for this rank's next batch ends (native/src/exchange/pass_closing.h).")
+      .def("reopen_pass", &KeyExchange::reopen_pass, "Rounds may begin again (the closed session's threads are gone).")
       .def("restart", &KeyExchange::restart,
            "Runs again after an error, unless a round timed out (init() calls it on every rank).")
       .def("run", &exchange_run, py::arg("features"), py::arg("keys"), py::arg("has_data"),

@@ -165,6 +165,8 @@ void bind_errors(py::module_& m) {
   py::register_exception<shardrec::TierDamagedError>(m, "TierDamagedError", PyExc_RuntimeError);
   auto exchange_error = py::register_exception<shardrec::ExchangeError>(m, "ExchangeError", PyExc_RuntimeError);
   py::register_exception<shardrec::ExchangeTimeout>(m, "ExchangeTimeout", exchange_error.ptr());
+  auto pass_closed = py::register_exception<shardrec::PassClosedError>(m, "PassClosedError", PyExc_RuntimeError);
+  py::register_exception<shardrec::PeerClosedError>(m, "PeerClosedError", pass_closed.ptr());
   // A checkpoint file that cannot be written is an OSError with its errno, as Python's own I/O.
   py::register_exception_translator([](std::exception_ptr p) {
     try {

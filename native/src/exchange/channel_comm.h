@@ -101,6 +101,22 @@ class ChannelComm {
     }
   }
 
+  // Rank `peer`'s next status words (one that gather_words took was for an earlier round).
+  template <typename Words>
+  Words receive_words(int peer, const std::string& what) {
+    check_usable();
+    Words w;
+    std::vector<MPI_Request> one(1);
+    MPI_Irecv(reinterpret_cast<int64_t*>(&w), static_cast<int>(sizeof(Words) / sizeof(int64_t)), MPI_INT64_T, peer,
+              kStatusTag, comm_, &one[0]);
+    if (!wait(one)) {
+      MPI_Cancel(&one[0]);
+      MPI_Request_free(&one[0]);
+      fail_timeout(what, "rank(s) " + std::to_string(peer) + " did not arrive");
+    }
+    return w;
+  }
+
   // This rank's `n` words to every peer, for their next status round, without waiting: the words
   // must stay alive (the caller keeps them) and the requests are released at once.
   void post_status(const int64_t* words, int n) {

@@ -34,6 +34,7 @@
 #include "index/embedding_index.h"
 #include "exchange/key_router.h"
 #include "exchange/feature_set.h"
+#include "exchange/pass_closing.h"
 #include "exchange/round_status.h"
 
 namespace shardrec {
@@ -53,6 +54,7 @@ class KeyExchange {
   // A new configuration (init() again) starts from a running channel, unless a round timed out:
   // an abandoned collective cannot be taken back. Its steps are numbered afresh.
   void restart() {
+    say(pass_.reopen());
     if (comm_.broken().empty()) stopped_.clear();
     step_ = 0;
     step_follows_training_ = false;
@@ -69,6 +71,10 @@ class KeyExchange {
     static const RankStatus kLeaveStatus = RankStatus::left();
     comm_.post_status(reinterpret_cast<const int64_t*>(&kLeaveStatus), sizeof(RankStatus) / sizeof(int64_t));
   }
+
+  // A session of this channel closes: no round begins until reopen_pass() (pass_closing.h).
+  void close_pass() { say(pass_.close()); }
+  void reopen_pass() { say(pass_.reopen()); }
 
   // Eviction on the training channel: every `step_interval` steps (0: never).
   void set_eviction(int64_t step_interval) { evict_every_ = step_interval; }
@@ -124,9 +130,18 @@ class KeyExchange {
     cpu_ns0_ = thread_cpu_ns();
     coll_ns0_ = comm_.ns_waiting();
     out.assign(fs.features.size(), FeatureRouting{});
-    const RankStatus status = prepare(fs, keys, has_data, ts);
-    const std::vector<RankStatus> all = comm_.gather_words(status, "status round");
-    throw_if_a_rank_left(all);
+    const RoundId id = pass_.begin_round(comm_.channel());
+    struct RoundEnd {
+      KeyExchange& ex;
+      ~RoundEnd() { ex.say(ex.pass_.end_round()); }
+    } round_end{*this};
+    RankStatus status = prepare(fs, keys, has_data, ts);
+    status.epoch = id.epoch;
+    status.round = id.round;
+    std::vector<RankStatus> all = comm_.gather_words(status, "status round");
+    drop_earlier_words(comm_, all, id);
+    throw_if_a_rank_left(comm_, all);
+    throw_if_a_session_closed(comm_, pass_, all, counters_.batches + 1);
     for (const RankStatus& s : all)
       if (s.signature != fs.signature && s.signature != RankStatus::kLeft) throw_feature_mismatch(fs);
     ranks_out_of_data_.clear();
@@ -148,6 +163,11 @@ class KeyExchange {
     if (allocate_) ++step_;
     finish(t0);
     return true;
+  }
+
+  void say(const RankStatus* word) {  // a close word (pass_closing.h) to every peer, without waiting
+    if (word != nullptr && comm_.world() > 1 && stopped_.empty())
+      comm_.post_status(reinterpret_cast<const int64_t*>(word), sizeof(RankStatus) / sizeof(int64_t));
   }
 
   // This rank's status for the round; with data, its keys checked and bucketed by owner.
@@ -297,23 +317,6 @@ class KeyExchange {
         }
       }
     }
-  }
-
-  // A rank that left the job (its process exited, leave()) holds a part of every table that it can
-  // no longer serve: a pass without it would look up nothing there and report a result over part
-  // of the data. Every rank still in the round gets this in the same round.
-  void throw_if_a_rank_left(const std::vector<RankStatus>& all) const {
-    std::string left;
-    for (int r = 0; r < comm_.world(); ++r)
-      if (all[r].signature == RankStatus::kLeft)
-        left += (left.empty() ? "" : ", ") + std::to_string(r);
-    if (left.empty()) return;
-    throw ExchangeError("key exchange '" + comm_.channel() + "' (rank " + std::to_string(comm_.rank()) + " of " +
-                        std::to_string(comm_.world()) + "): rank(s) " + left +
-                        " left the job (the process exited) while this rank still runs a pass on this channel. "
-                        "Every rank holds a part of every sharded table, so a pass (an evaluation above all) needs "
-                        "every rank: run it on every rank, each with its own shard of the data (an empty one "
-                        "takes part too), and let each rank exit only after the last pass");
   }
 
   void throw_feature_mismatch(const FeatureSet& fs) {
@@ -591,6 +594,7 @@ class KeyExchange {
   std::string stopped_;
   uint64_t stopped_at_ = 0;
   std::vector<int> ranks_out_of_data_;
+  PassClosing pass_;
 };
 
 }  // namespace shardrec

@@ -11,6 +11,10 @@ namespace shardrec {
 struct RankStatus {
   // The signature of a rank that left (leave()), whatever features the round is for.
   static constexpr int64_t kLeft = INT64_MIN;
+  // The signature of a rank whose session closed before it began this round (pass_closing.h).
+  static constexpr int64_t kSessionClosed = INT64_MIN + 1;
+  // The session (epoch) and round this word is for (pass_closing.h); a left rank's is for every one.
+  int64_t epoch = 0, round = 0;
   int64_t has_data = 0;
   int64_t signature = 0;  // of the rank's feature set
   // A static-shape overflow: the first feature whose unique keys for one owner exceed send_count.
@@ -25,6 +29,15 @@ struct RankStatus {
   static RankStatus left() {
     RankStatus s;
     s.signature = kLeft;
+    s.epoch = s.round = INT64_MAX;
+    return s;
+  }
+  // Closed after `round` rounds of session `epoch`.
+  static RankStatus session_closed(int64_t epoch, int64_t round) {
+    RankStatus s;
+    s.signature = kSessionClosed;
+    s.epoch = epoch;
+    s.round = round;
     return s;
   }
 };
