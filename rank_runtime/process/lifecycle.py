@@ -147,7 +147,6 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
                                rank=rank, size=size, incremental=incremental,
                                restore_model_version=restore_model_version, sharding_plan=plan, sharding_auto=auto)
     config.install(cfg)
-    heartbeat.stacks_on_sigusr1()
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
         resize.install()  # before the first beat: the supervisor signals only ranks that beat
     batch_events.forget_all()  # an earlier init()'s observers, if terminate_config_initializer() was not called

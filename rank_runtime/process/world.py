@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
+import psutil
 
 from . import exit_hooks, heartbeat, host_defaults
 from ..formats.channel import Channel, check_matches_native
@@ -64,8 +65,6 @@ class World:
         heartbeat.stacks_on_sigusr1()
         # (rank, pid, start time) of the other ranks on this host, for those stacks; the start time
         # tells a pid taken again by another process once that rank ended.
-        import psutil
-
         mine = (self.rank, os.getpid(), psutil.Process().create_time())
         self._local_ranks = [peer for peer in node.allgather(mine) if peer[0] != self.rank]
         node.Free()
@@ -209,14 +208,12 @@ class World:
             raise TimeoutError(f"{what}: no answer within {timeout:.0f} s (that rank stopped, or saves at another "
                                "step); every rank must save at the same step")
 
-    def write_stacks(self, what: str) -> None:
+    def _write_stacks(self, what: str) -> None:
         """After a wait for the other ranks timed out: this rank's threads' stacks and, through
         SIGUSR1, those of the other ranks on this host, each to its own stderr, so that the log
         says where every rank was instead of only that one waited."""
         log.error("%s: timed out; the stacks of this rank and of rank(s) %s on this host follow in their logs", what,
                   [peer[0] for peer in self._local_ranks])
-        import psutil
-
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         for _, pid, started in self._local_ranks:
             try:
@@ -241,7 +238,7 @@ class World:
         if not self._done_within([start()], timeout):
             self._helper_broken = (f"not every rank called it within {timeout:.0f} s on an earlier call; "
                                    "all ranks must call it together, and the ranks are now out of step")
-            self.write_stacks(what)
+            self._write_stacks(what)
             raise TimeoutError(f"{what}: not every rank called it within {timeout:.0f} s; all ranks must "
                                "call it together (at the same point of the script)")
 
