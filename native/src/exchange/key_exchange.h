@@ -165,8 +165,8 @@ class KeyExchange {
     return true;
   }
 
-  void say(const RankStatus* word) {  // a close word (pass_closing.h) to every peer, without waiting
-    if (word != nullptr && comm_.world() > 1 && stopped_.empty())
+  void say(const RankStatus* word) {  // a close word to every peer, unread where the channel stopped
+    if (word != nullptr && comm_.world() > 1)
       comm_.post_status(reinterpret_cast<const int64_t*>(word), sizeof(RankStatus) / sizeof(int64_t));
   }
 
