@@ -47,7 +47,7 @@ def test_a_step_limit_that_closes_one_ranks_session_before_its_prefetch_ends_the
     round (the exchange's timeout) and rank 1 timed out in evaluate()'s first collective. The run
     ends as one without the hold: the same checkpoint, metrics and predictions."""
     proc = check(mpiexec(2, "estimator_flow.py", tmp_path / "model", tmp_path / "out", timeout=400,
-                         env={"HOLD_PREFETCH_S": "3"}))
+                         env={"HOLD_PREFETCH_S": "60"}))
     # Rank 0's prefetch had begun batch 41; rank 1's close answered it.
     assert re.search(r"\[rank 0/2\] .* INFO shardrec.pipeline: train data: key exchange 'train' \(rank 0 of 2\): "
                      r"rank\(s\) 1 closed their session before beginning this round \(batch 41 ", proc.stderr), \

@@ -8,8 +8,9 @@ predictions of the same checkpoint, the Estimator's predictions (with the row nu
 with) and the table sizes. With SSD_DIR set, the table has an SSD tier there below a memory budget
 of 220 rows a rank (every graph the Estimator builds makes its own). With HOLD_PREFETCH_S set, the
 training data runs two batches past max_steps (as a step limit leaves it) and rank 1's input holds
-the batch after the last trained one that many seconds: its session closes before its prefetch
-begins that batch's key round, while rank 0's has begun it (issue 75's race, forced).
+the batch after the last trained one until its session close holds the channel (at most that many
+seconds): its session closes before its prefetch begins that batch's key round, while rank 0's has
+begun it (issue 75's race, forced).
 """
 import json
 import os
@@ -41,8 +42,15 @@ def data(rows, seed):
 
 
 def _hold_after_last_step(batch_number):
+    """At the batch after the last trained one: until this rank's session close has closed the
+    training channel (it then waits for this thread), at most HOLD_PREFETCH_S seconds."""
     if batch_number == TRAIN_STEPS:
-        time.sleep(HOLD_PREFETCH_S)
+        from shardrec.rank_runtime.formats.channel import Channel
+        from shardrec.rank_runtime.process.world import get_world
+
+        deadline = time.monotonic() + HOLD_PREFETCH_S
+        while not get_world().exchanges[Channel.TRAIN].closing and time.monotonic() < deadline:
+            time.sleep(0.01)
     return batch_number
 
 

@@ -164,6 +164,8 @@ void bind_key_exchange(py::module_& m) {
       .def("close_pass", &KeyExchange::close_pass,
            "A session of this channel closes: no round begins until reopen_pass(), and a peer's round waiting "
            "for this rank's next batch ends (native/src/exchange/pass_closing.h).")
+      .def_property_readonly("closing", &KeyExchange::pass_closing,
+                             "Whether a session's close holds the channel (close_pass() without reopen_pass() yet).")
       .def("reopen_pass", &KeyExchange::reopen_pass, "Rounds may begin again (the closed session's threads are gone).")
       .def("restart", &KeyExchange::restart,
            "Runs again after an error, unless a round timed out (init() calls it on every rank).")

@@ -72,8 +72,8 @@ class KeyExchange {
     comm_.post_status(reinterpret_cast<const int64_t*>(&kLeaveStatus), sizeof(RankStatus) / sizeof(int64_t));
   }
 
-  // A session of this channel closes: no round begins until reopen_pass() (pass_closing.h).
-  void close_pass() { say(pass_.close()); }
+  void close_pass() { say(pass_.close()); }  // no round begins until reopen_pass() (pass_closing.h)
+  bool pass_closing() { return pass_.closing(); }
   void reopen_pass() { say(pass_.reopen()); }
 
   // Eviction on the training channel: every `step_interval` steps (0: never).

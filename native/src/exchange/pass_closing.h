@@ -83,6 +83,10 @@ class PassClosing {
     said_ = false;
     return in_round_ ? nullptr : say();
   }
+  bool closing() {
+    std::lock_guard<std::mutex> g(mu_);
+    return closing_;
+  }
   // The closed session's threads are gone: rounds may begin again. Returns the close word if no
   // round's end has said it (a round still under way, which will find the next epoch's words).
   const RankStatus* reopen() {
