@@ -2,12 +2,13 @@
 files, the configurations alternating in one run (issue 56):
 
     python examples/dlrm.py write --out DIR --train-samples 131072
-    python bench/dlrm_peers.py --data DIR [--rounds 2] [--ranks 1 2]
+    python bench/dlrm_peers.py --data DIR [--rounds 2] [--ranks 1 2] [--only shardrec shardrec_ungrouped tf_premapped tfra]
 
 Each configuration is a fresh job on `ranks` MPI ranks that prints examples/dlrm.py's SUMMARY line
 (samples/s and CPU seconds per 1000 samples over the steps after the warm-up, held-out AUC):
 
     shardrec parquet / tfrecord   examples/dlrm.py train: ParquetDataset, or TFRecord + parse_example
+    shardrec_ungrouped parquet    the same with table groups off (SHARDREC_TABLE_GROUPS=off): each table alone
     tf_premapped                  plain TensorFlow from the Parquet files: one variable a table, sized
                                   by its cardinality, ids mapped to rows in the graph (the generator's
                                   scramble inverted: a vocabulary mapped before training, the best case
@@ -164,7 +165,7 @@ def peer(args):
 
 def _command(config, ranks, args):
     name, fmt = config
-    script = ["examples/dlrm.py", "train", "--format", fmt] if name == "shardrec" else \
+    script = ["examples/dlrm.py", "train", "--format", fmt] if name.startswith("shardrec") else \
         ["bench/dlrm_peers.py", "peer", "--backend", name]
     return [os.path.join(ROOT, ".venv", "bin", "mpiexec"), "--oversubscribe", "-np", str(ranks), sys.executable,
             *script, "--data", args.data, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
@@ -172,15 +173,19 @@ def _command(config, ranks, args):
 
 
 def compare(args):
-    configs = [("shardrec", "parquet"), ("shardrec", "tfrecord"), ("tf_premapped", "parquet"), ("tfra", "parquet")]
+    configs = [("shardrec", "parquet"), ("shardrec_ungrouped", "parquet"), ("shardrec", "tfrecord"),
+               ("tf_premapped", "parquet"), ("tfra", "parquet")]
+    configs = [c for c in configs if c[0] in args.only] if args.only else configs
     runs = []
     for r in range(args.rounds):
         for ranks in args.ranks:
             for config in configs:
-                if config[0] != "shardrec" and ranks > 1:
+                if not config[0].startswith("shardrec") and ranks > 1:
                     continue  # a replica of every table on each rank: 2 x 11 GB here
                 proc = subprocess.run(_command(config, ranks, args), capture_output=True, text=True, cwd=ROOT,
-                                      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                                      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                                               SHARDREC_TABLE_GROUPS="off" if config[0] == "shardrec_ungrouped"
+                                               else os.environ.get("SHARDREC_TABLE_GROUPS", "on")))
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("SUMMARY")), None)
                 if proc.returncode != 0 or line is None:
                     raise SystemExit(f"{config} on {ranks} rank(s) failed:\n{proc.stderr[-3000:]}")
@@ -207,6 +212,7 @@ def main(argv=None):
     p.add_argument("--data", required=True, help="what examples/dlrm.py write --out wrote")
     p.add_argument("--backend", choices=["tf_premapped", "tfra"], help="peer: its embeddings")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--only", nargs="+", help="these embeddings alone: shardrec shardrec_ungrouped tf_premapped tfra")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batch-size", type=int, default=2048, help="per rank")
     p.add_argument("--steps", type=int, default=0, help="at most this many steps (0: until a rank's data ends)")

@@ -18,7 +18,8 @@ REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` targ
           "installed TensorFlow"
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
            "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
-           "shardrec_variable_row_gather_expanded", "shardrec_store_bind", "shardrec_row_alltoall")
+           "shardrec_variable_row_gather_expanded", "shardrec_store_bind", "shardrec_row_alltoall",
+           "shardrec_group_row_gather", "shardrec_group_restore")
 
 
 def library_path() -> str:
@@ -110,20 +111,35 @@ def variable_row_gather(variable: tf.Variable, index: tf.Tensor, ticket: tf.Tens
     return load().shardrec_variable_row_gather_expanded(variable.handle, index, expand, ticket, **attrs)
 
 
-def _table_slices(op, values, rows):
+def table_slices(table: tf.Tensor, values: tf.Tensor, rows: tf.Tensor) -> tf.IndexedSlices:
     """As TensorFlow's ResourceGather gradient (IndexedSlices of the table), with the key pipeline's
     row tensor itself as the indices (1-D already, so no reshape): the sparse optimizers recognise
     it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
     from tensorflow.python.ops import resource_variable_ops
 
-    params_shape = resource_variable_ops.variable_shape(op.inputs[0])
+    shape = _handle_shape(table)
+    if shape is not None and values.shape.rank == 2 and rows.shape.rank == 1:
+        # Static: no shape ops per table and step (a model of many tables paid five).
+        return tf.IndexedSlices(values, rows, tf.constant(shape, tf.int32))
+    params_shape = resource_variable_ops.variable_shape(table)
     values = tf.reshape(values, tf.concat([tf.shape(rows), params_shape[1:]], 0))
     return tf.IndexedSlices(values, rows, params_shape)
 
 
+def _handle_shape(handle: tf.Tensor) -> "list[int] | None":
+    """The static shape of the resource variable behind `handle`, when its op records one."""
+    from tensorflow.python.framework import tensor_shape
+
+    try:
+        shape = tensor_shape.TensorShape(handle.op.get_attr("shape"))
+    except (ValueError, TypeError):
+        return None
+    return shape.as_list() if shape.is_fully_defined() and shape.rank == 2 else None
+
+
 @tf.RegisterGradient("ShardrecVariableRowGather")
 def _distinct_rows_gather_grad(op, grad):
-    return _table_slices(op, grad, op.inputs[1]), None, None
+    return table_slices(op.inputs[0], grad, op.inputs[1]), None, None
 
 
 @tf.RegisterGradient("ShardrecVariableRowGatherExpanded")
@@ -131,7 +147,47 @@ def _expanded_rows_gather_grad(op, grad):
     """The sum over the positions that read one distinct row, then that row's slice of the table."""
     rows, expand = op.inputs[1], op.inputs[2]
     summed = load().shardrec_row_gather_grad(grad, expand, tf.shape(rows, out_type=tf.int32)[0])
-    return _table_slices(op, summed, rows), None, None, None
+    return table_slices(op.inputs[0], summed, rows), None, None, None
+
+
+def group_row_gather(variables: list, index: list, expand: list, send_splits: list, tickets: list,
+                     channel: int) -> "tuple[tf.Tensor, tf.Tensor]":
+    """(the rows N tables send to each rank, by rank then table; the group's send splits):
+    tf_group_ops.cc. Its gradient is each table's IndexedSlices (pipeline/table_groups.py, which
+    knows which members a gradient lookup read)."""
+    return load().shardrec_group_row_gather([v.handle for v in variables], index, expand, send_splits, tickets,
+                                            dim=int(variables[0].shape[1]), channel=int(channel))
+
+
+def group_local_lookup(variables: list, rows: list, restore: list, tickets: list, channel: int) -> list:
+    """One rank's group lookup: per table, variable[rows[restore]] (its ids' rows in batch order),
+    read straight from the table (tf_group_ops.cc)."""
+    return load().shardrec_group_local_lookup([v.handle for v in variables], rows, restore, tickets,
+                                              dim=int(variables[0].shape[1]), channel=int(channel))
+
+
+def group_local_lookup_grad(grads: list, rows: list, restore: list) -> list:
+    """Per table, its distinct rows' gradients: its ids' gradients summed per row."""
+    return load().shardrec_group_local_lookup_grad(grads, rows, restore)
+
+
+def group_row_gather_grad(grad: tf.Tensor, index: list, expand: list, send_splits: list) -> list:
+    """Per table, its distinct rows' gradients from the group's."""
+    return load().shardrec_group_row_gather_grad(grad, index, expand, send_splits)
+
+
+def group_restore(rows: tf.Tensor, recv_splits: list, restore: list) -> list:
+    """Per table, its rows in batch order, from the rows a group's exchange brought back."""
+    return load().shardrec_group_restore(rows, recv_splits, restore)
+
+
+@tf.RegisterGradient("ShardrecGroupRestore")
+def _group_restore_grad(op, *grads):
+    n = op.get_attr("N")
+    splits, restore = list(op.inputs[1:1 + n]), list(op.inputs[1 + n:1 + 2 * n])
+    dim = tf.shape(op.inputs[0])[1:]
+    filled = [g if g is not None else tf.zeros(tf.concat([tf.shape(r), dim], 0)) for g, r in zip(grads, restore)]
+    return [load().shardrec_group_restore_grad(filled, splits, restore)] + [None] * (2 * n)
 
 
 def row_alltoall(rows: tf.Tensor, send_splits: tf.Tensor, recv_splits: tf.Tensor, exchange: str, timeout_s: float,

@@ -13,13 +13,18 @@ from .base import SparseOptimizerMixin, check_learning_rate
 
 
 class LazyAdam(SparseOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
-    def _resource_apply_sparse(self, grad, var, indices):
+    def _prepare(self):
+        """The step's hyperparameters once for every table it updates (per table, they were ten ops
+        of each table's update: a model of many tables paid them each step)."""
+        super()._prepare()
         beta1_power, beta2_power = self._get_beta_accumulators()
         dtype = tf.float32  # a 16-bit table's arithmetic, too
-        beta1 = tf.cast(self._beta1_t, dtype)
-        beta2 = tf.cast(self._beta2_t, dtype)
-        eps = tf.cast(self._epsilon_t, dtype)
-        lr = tf.cast(self._lr_t, dtype) * tf.sqrt(1 - tf.cast(beta2_power, dtype)) / (1 - tf.cast(beta1_power, dtype))
+        self._shardrec_hyper = (
+            tf.cast(self._lr_t, dtype) * tf.sqrt(1 - tf.cast(beta2_power, dtype)) / (1 - tf.cast(beta1_power, dtype)),
+            tf.cast(self._beta1_t, dtype), tf.cast(self._beta2_t, dtype), tf.cast(self._epsilon_t, dtype))
+
+    def _resource_apply_sparse(self, grad, var, indices):
+        lr, beta1, beta2, eps = self._shardrec_hyper
         m = self.get_slot(var, "m")
         v = self.get_slot(var, "v")
         return native_ops.load().shardrec_sparse_apply_lazy_adam(var.handle, m.handle, v.handle, indices, grad, lr,

@@ -40,7 +40,7 @@ from ..formats.channel import Channel
 from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
-from . import ragged_ids
+from . import ragged_ids, table_groups
 from .routing import FeatureRouting, PoolRouting
 from ..embedding import placing
 from ..embedding.tiers import check_datasets
@@ -79,7 +79,8 @@ class _BatchKeyProcessor:
                       for s, p in zip(self.specs, self.pooled)]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()}"
-                     f"{('', ', pooled', ', pooled without weights')[p]}{_exchanged_in(t)}, {t.placement.describe()})"
+                     f"{('', ', pooled', ', pooled without weights')[p]}{_exchanged_in(t)}, {t.placement.describe()}"
+                     f"{_grouped(graph, s.name, self.channel)})"
                      for s, t, c, p in zip(self.specs, tables, send_counts, pooled)]
             if self.timestamp is not None:
                 lines.append(f"timestamps '{self.timestamp.name}'")
@@ -317,6 +318,7 @@ def start_asc_pipeline() -> None:
     """Freezes the table configuration and lets the datasets' key processing run."""
     cfg = config.get_config()
     state = cfg.graph_state()
+    table_groups.build(tf.compat.v1.get_default_graph())
     for insert in state.insert_functions:
         for spec in insert.specs:
             if spec.table_name not in state.tables:
@@ -328,8 +330,12 @@ def start_asc_pipeline() -> None:
     plan = placing.job_plan(cfg, state.tables)
     if cfg.rank == 0:
         log.info("%s", plan.render())
+        grouped = table_groups.describe(tf.compat.v1.get_default_graph())
+        if grouped:
+            log.info("%s", grouped)
     if cfg.size > 1:
-        get_world().make_row_exchanges(state.row_exchanges)
+        grouped = table_groups.grouped_features(tf.compat.v1.get_default_graph())
+        get_world().make_row_exchanges(state.row_exchanges, grouped)
     state.pipeline_started = True
     batch_events.register(_PassEndLog())
     log.info("key pipeline started for %d table(s)", len(state.tables))
@@ -374,6 +380,11 @@ class _PassEndLog(batch_events.Observer):
             log.info("%s data: %s after %d batches (rank(s) %s ran out); every rank stops this pass at the same "
                      "batch", label, "this rank has no more" if event.this_rank_ran_out else "another rank ran out",
                      event.batches, ranks)
+
+
+def _grouped(graph, feature, channel) -> str:
+    group = table_groups.group_of(graph, feature, channel)
+    return f", lookup group '{group}'" if group else ""
 
 
 def _exchanged_in(table) -> str:

@@ -8,7 +8,7 @@ from ..formats.sharding_plan import REPLICATED
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from ..optimizers import by_address
-from . import combiners, pooled_lookup, ragged_ids
+from . import combiners, pooled_lookup, ragged_ids, table_groups
 from .routing import FeatureRouting, PoolRouting
 from ..embedding.table import EmbeddingTable
 from ..validation import INT32_MAX, check_bool, check_int, check_type
@@ -175,9 +175,18 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
         raise ValueError(f"{_OWNER}: parameter 'weights' weighs variable-length ids (a RaggedTensor or "
                          "SparseTensor) in their combination; these ids are dense: leave weights out")
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
-        emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
+        emb = None
+        if not modify_graph and serving_default_value is None:
+            emb = table_groups.member_rows(hashtable, ids.name, routing, channel, is_grad)
+            if emb is not None and not is_grad:
+                emb = tf.stop_gradient(emb)
+        if emb is None:
+            emb = _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, is_grad, serving_default_value)
+        shape = ids_tensor.shape.concatenate([hashtable.dim])
+        if shape.is_fully_defined():  # one op, where the shape read from the ids is three a step
+            return tf.reshape(emb, shape.as_list())
         out = tf.reshape(emb, tf.concat([tf.shape(ids_tensor, out_type=tf.int32), [hashtable.dim]], 0))
-        out.set_shape(ids_tensor.shape.concatenate([hashtable.dim]))
+        out.set_shape(shape)
         return out
 
 

@@ -44,6 +44,8 @@ class RuntimeConfig:
     # with sharding_auto, the planner places each table create_table does not place itself.
     sharding_plan: Optional[ShardingPlan] = None
     sharding_auto: bool = False
+    # Lookups of tables that can share kernels are fused into groups (pipeline/table_groups.py).
+    table_groups: bool = True
 
     def graph_state(self, graph: Optional[tf.Graph] = None) -> "GraphState":
         """The tables and pipeline state of `graph` (default: the current default graph)."""

@@ -89,7 +89,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
          is_incremental_checkpoint: bool = False, save_checkpoint_due_time: Optional[int] = None,
          save_delta_checkpoints_secs: Optional[int] = None, restore_model_version: Optional[int] = None,
          recent_key_count_threshold: int = 0, sharding_plan: Union[None, str, os.PathLike, ShardingPlan] = None,
-         **kwargs) -> config.RuntimeConfig:
+         table_groups: Optional[bool] = None, **kwargs) -> config.RuntimeConfig:
     """Initialises shardrec in this process; call once before building the graph. Every parameter
     of the Rec SDK's init is accepted (docs/reference/init.md); those without a counterpart here are said in
     the log."""
@@ -110,6 +110,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     if restore_model_version is not None:
         check_int("init", "restore_model_version", restore_model_version, 0, INT32_MAX)
     check_int("init", "recent_key_count_threshold", recent_key_count_threshold, 0, INT32_MAX)
+    groups = _table_groups(table_groups)
     unknown = sorted(set(kwargs) - set(_NO_COUNTERPART))
     if unknown:
         raise TypeError(f"init: unknown parameter(s) {unknown}; init takes {sorted(_INIT_PARAMETERS)}")
@@ -145,7 +146,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
         _bind_to_cores(world.local_rank, world.local_size)
     cfg = config.RuntimeConfig(use_dynamic=use_dynamic, use_dynamic_expansion=use_dynamic_expansion, if_load=if_load,
                                rank=rank, size=size, incremental=incremental,
-                               restore_model_version=restore_model_version, sharding_plan=plan, sharding_auto=auto)
+                               restore_model_version=restore_model_version, sharding_plan=plan, sharding_auto=auto,
+                               table_groups=groups)
     config.install(cfg)
     if os.environ.get(heartbeat_format.RUN_DIR_ENV):
         resize.install()  # before the first beat: the supervisor signals only ranks that beat
@@ -162,7 +164,20 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
 _INIT_PARAMETERS = ("max_steps", "train_steps", "eval_steps", "save_steps", "use_dynamic", "use_dynamic_expansion",
                     "if_load", "bind_cpu", "is_incremental_checkpoint", "save_checkpoint_due_time",
                     "save_delta_checkpoints_secs", "restore_model_version", "recent_key_count_threshold",
-                    "sharding_plan", *_NO_COUNTERPART)
+                    "sharding_plan", "table_groups", *_NO_COUNTERPART)
+
+TABLE_GROUPS_ENV = "SHARDREC_TABLE_GROUPS"
+
+
+def _table_groups(given: Optional[bool]) -> bool:
+    """Whether lookups are fused into table groups: init(table_groups=) or, when it is left out,
+    SHARDREC_TABLE_GROUPS (on by default), so that a run can be compared without editing the script."""
+    if given is not None:
+        return check_bool("init", "table_groups", given)
+    value = os.environ.get(TABLE_GROUPS_ENV, "on").strip().lower()
+    if value not in ("on", "off", "1", "0"):
+        raise ValueError(f"init: {TABLE_GROUPS_ENV}={value!r}; allowed: on, off, 1, 0 (or leave it unset: on)")
+    return value in ("on", "1")
 
 
 def _sharding_plan(given, world_size: int) -> "tuple[Optional[ShardingPlan], bool]":

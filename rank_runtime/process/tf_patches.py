@@ -1,6 +1,7 @@
 """What init() changes in TensorFlow, never an import: Dataset.map recognises the insert function,
 the Saver becomes shardrec's, get_checkpoint_state skips uncommitted checkpoints, a session's close
-closes its key pipeline's passes (key_pipeline.close_passes). The environment
+closes its key pipeline's passes (key_pipeline.close_passes), a gradient first builds the graph's
+table groups (table_groups.build). The environment
 defaults for ranks sharing a host are host_defaults.py's; the hooks that end the whole job when one
 rank fails are exit_hooks.py's.
 """
@@ -10,11 +11,12 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.ops import gradients_util
 from tensorflow.python.training import saver as saver_lib
 
 from ..checkpoint import checkpoint_state, saver
 from . import config
-from ..pipeline import key_pipeline
+from ..pipeline import key_pipeline, table_groups
 from ..checkpoint.save_schedule import AgreedSaveTimer
 
 
@@ -39,7 +41,25 @@ def patch_tensorflow() -> None:
     tf.train.get_checkpoint_state = tf.compat.v1.train.get_checkpoint_state = checkpoint_state.get_checkpoint_state
     _follow_agreed_saves(tf.compat.v1.train.CheckpointSaverHook)
     _close_passes_with_sessions(session_lib.BaseSession)
+    _build_groups_before_gradients()
     _STATE.patched = True
+
+
+def _build_groups_before_gradients():
+    """tf.gradients, tf.compat.v1.gradients and every optimizer's compute_gradients go through
+    TensorFlow's one gradient builder: the table groups of the default graph are built first, so
+    the gradient meets their ops, not the stand-ins their lookups returned (table_groups.py)."""
+    original = gradients_util._GradientsHelper  # noqa: SLF001 - the builder TensorFlow's gradient functions call
+    if getattr(original, "_shardrec_wrapped", False):
+        return
+
+    def helper(*args, **kwargs):
+        if config.is_initialized():
+            table_groups.build(tf.compat.v1.get_default_graph())
+        return original(*args, **kwargs)
+
+    helper._shardrec_wrapped = True
+    gradients_util._GradientsHelper = helper  # noqa: SLF001
 
 
 def _close_passes_with_sessions(cls):

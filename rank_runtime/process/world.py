@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 
 from . import exit_hooks, heartbeat, host_defaults
-from ..formats.channel import Channel, check_matches_native
+from ..formats.channel import Channel, ExchangeNames, agreed_keys, check_matches_native
 from ..formats.heartbeat_format import STACKS_SIGNAL
 from .logs import get_logger, set_rank
 
@@ -99,34 +99,36 @@ class World:
         self._row_comms = {}
         self.exchange_timeout_s = timeout
 
-    def make_row_exchanges(self, exchanges):
+    def make_row_exchanges(self, exchanges, grouped=()):
         """Communicators for the lookups' row exchanges (channel.RowExchangeName: one for rows, one
-        for gradients each), registered with the op library under their names. Called by every rank
-        when its key pipeline starts: the ranks first check that they built the same lookups, then
-        create the missing communicators in name order, so that the pairing does not depend on the
-        order the lookups were built in. Names made before (a graph built again, as the Estimator
-        does) keep their communicators."""
+        for gradients each), registered with the op library under their names; `grouped`: the
+        (feature, channel) pairs looked up in table groups. Called by every rank when its key
+        pipeline starts: the ranks first agree on the communicators (channel.agreed_keys: the same
+        lookups, each group place any rank has), then create the missing ones in that order, so that
+        the pairing does not depend on the order the lookups were built in. Communicators made
+        before (a graph built again, as the Estimator does) are kept."""
         from ..embedding import native_ops
 
-        names = sorted({name for e in exchanges for name in (e.rows, e.gradients)})
+        mine = ExchangeNames.of(exchanges, grouped)
         what = "start_asc_pipeline: the row exchanges of the lookups"
+        every = [mine]
         if self.size > 1:
-            listed = self.gather_texts("\n".join(names), what)
-            if len(set(listed)) > 1:
-                mine, other = set(names), next(set(t.split("\n")) for t in listed if t != "\n".join(names))
-                diff = sorted(mine ^ other)
-                raise ValueError(f"{what}: the ranks built different lookups (first difference: {diff[0]!r}); every "
-                                 "rank must build the same sparse_lookup calls")
-        for name in names:
-            if name in self._row_comms:
-                continue
-            comm, request = self._world_comm.Idup()
-            self._wait(lambda: request, f"{what} ({name})", 60.0)
-            # A peer that sends more rows than this rank expects comes back as an error the row
-            # exchange names, instead of MPI ending the job with its own words.
-            comm.Set_errhandler(self._mpi.ERRORS_RETURN)
-            self._row_comms[name] = comm
-            native_ops.register_comm(name, comm.py2f())
+            every = [ExchangeNames.from_json(text) for text in self.gather_texts(mine.to_json(), what)]
+        try:
+            keys = agreed_keys(every)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        for key in keys:
+            if key not in self._row_comms:
+                comm, request = self._world_comm.Idup()
+                self._wait(lambda: request, f"{what} ({key})", 60.0)
+                # A peer that sends more rows than this rank expects comes back as an error the row
+                # exchange names, instead of MPI ending the job with its own words.
+                comm.Set_errhandler(self._mpi.ERRORS_RETURN)
+                self._row_comms[key] = comm
+            name = mine.name_of(key)
+            if name is not None:
+                native_ops.register_comm(name, self._row_comms[key].py2f())
 
     def _leave_channels(self):
         """At a clean exit: a peer still waiting in a key exchange round for this rank (its prefetch

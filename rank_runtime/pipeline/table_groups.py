@@ -1,0 +1,259 @@
+"""Table groups: the lookups of one batch whose tables can share kernels, fused into one row
+gather, one row exchange each way and one restore (native/src/tf_ops/tf_group_ops.cc), whatever
+the number of tables (issue 71: each table's lookup was its own ops and two MPI rounds a step).
+
+A lookup joins the group of its batch and key: row width, the dtype rows cross in, the channel,
+and a lookup path the fused kernels run (dense ids, one row per id, row-wise or table-wise,
+dynamic shapes, no dynamic expansion). Models create a table and look it up in turn, so the
+group's ops cannot be built at its first lookup: each lookup returns an Identity of a stand-in,
+and the group is built (its members in feature name order, the order every rank uses) and the
+Identities rewired to it at the first of: a gradient taken in the graph (tf_patches.py wraps
+TensorFlow's gradient builder), start_asc_pipeline(). A lookup after that starts a new group.
+
+The tables, their stores, thresholds, tiers, slots and optimizers stay per table: a group only
+moves their rows together. The gather reads each table under its own lock and reports its batch
+to its own row store; its gradient reaches each table's variable as that table's own
+IndexedSlices over its distinct rows, so every optimizer applies per table as before. A member
+looked up with is_grad=False only gets no gradient (None, as ungrouped).
+"""
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from ..embedding import native_ops
+from ..formats.channel import Channel, RowExchangeName
+from ..formats.sharding_plan import COLUMN_WISE, REPLICATED
+from ..process import config
+from ..process.world import get_world
+from .routing import FeatureRouting
+
+GroupKey = Tuple[int, str, Channel]  # (row width, exchange dtype, channel)
+
+
+@dataclass
+class _Member:
+    feature: str
+    table: object
+    routing: FeatureRouting
+    stand_in: tf.Operation     # the Identity every lookup of the feature returns (rewired when built)
+    with_gradient: bool = False
+
+
+@dataclass
+class LookupGroup:
+    """One batch's fused lookup."""
+    key: GroupKey
+    members: List[_Member] = field(default_factory=list)
+    exchange: Optional[RowExchangeName] = None
+    built: bool = False
+
+    @property
+    def features(self) -> List[str]:
+        return [m.feature for m in self.members]
+
+    @property
+    def tables(self) -> list:
+        return [m.table for m in self.members]
+
+    def describe(self) -> str:
+        dim, wire, channel = self.key
+        return (f"{channel.label} group of {len(self.members)} table(s), dim {dim}, rows in {wire}: "
+                + ", ".join(f"{m.table.table_name} ({m.feature})" for m in self.members))
+
+
+@dataclass
+class _GraphGroups:
+    """A graph's groups: those still taking lookups by (batch, key), every group in order, and the
+    built ones by their gather op (for its gradient)."""
+    open: Dict[Tuple[str, GroupKey], LookupGroup] = field(default_factory=dict)
+    groups: List[LookupGroup] = field(default_factory=list)
+    by_gather: Dict[str, LookupGroup] = field(default_factory=dict)
+
+
+@dataclass
+class _GroupsByGraph:
+    graphs: "weakref.WeakKeyDictionary[tf.Graph, _GraphGroups]" = field(default_factory=weakref.WeakKeyDictionary)
+
+
+_STATE = _GroupsByGraph()
+
+
+def _groups(graph: tf.Graph) -> _GraphGroups:
+    if graph not in _STATE.graphs:
+        _STATE.graphs[graph] = _GraphGroups()
+    return _STATE.graphs[graph]
+
+
+def groups_of(graph: tf.Graph) -> List[LookupGroup]:
+    """The graph's lookup groups, in the order they formed."""
+    return list(_groups(graph).groups)
+
+
+def _key(cfg: config.RuntimeConfig, table, channel: Channel) -> Optional[GroupKey]:
+    """The table's group key, or None where its lookup takes a path of its own: a replicated or
+    column-wise table (its rows are read and joined otherwise), static shapes (padded routings),
+    dynamic expansion's training lookups (rows by address)."""
+    kind = table.placement.kind
+    if not cfg.table_groups or not cfg.use_dynamic or kind in (REPLICATED, COLUMN_WISE):
+        return None
+    if cfg.use_dynamic_expansion and channel == Channel.TRAIN:
+        return None
+    return (table.row_dim, table.row_dtypes.wire, channel)
+
+
+def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel,
+                is_grad: bool) -> Optional[tf.Tensor]:
+    """The rows of `feature` (a dense, one-row-per-id lookup of `table` in FeatureSpec mode, whose
+    batch filed `routing`) in batch order, from its batch's group; None where the table is not
+    grouped (the caller looks it up alone)."""
+    key = _key(config.get_config(), table, channel)
+    if key is None:
+        return None
+    groups = _groups(routing.rows.graph)
+    batch = routing.rows.op.name  # every feature of a batch comes from the same get_next()
+    group = groups.open.get((batch, key))
+    if group is None:
+        group = groups.open[(batch, key)] = LookupGroup(key)
+        groups.groups.append(group)
+    member = next((m for m in group.members if m.feature == feature), None)
+    if member is None:
+        member = _Member(feature, table, routing, _stand_in(feature, key[0]))
+        group.members.append(member)
+    member.with_gradient |= is_grad
+    return member.stand_in.outputs[0]
+
+
+def _stand_in(feature: str, dim: int) -> tf.Operation:
+    """What a grouped lookup returns until its group is built: an Identity that fails, if run,
+    saying what was missed (build() rewires its input and drops the check)."""
+    with tf.name_scope("table_group_member"):
+        check = tf.debugging.Assert(tf.constant(False), [
+            f"sparse_lookup of feature {feature!r}: its table group is built by the first gradient taken in the "
+            "graph or by start_asc_pipeline(); call start_asc_pipeline() after building the graph and before "
+            "running it"])
+        pending = tf.compat.v1.placeholder_with_default(tf.zeros([0, dim]), [None, dim], name="pending")
+        with tf.control_dependencies([check]):
+            return tf.identity(pending, name="rows").op
+
+
+def build(graph: tf.Graph) -> None:
+    """Builds the graph's open groups and rewires their lookups to them (before a gradient is
+    taken, and at the pipeline's start)."""
+    groups = _groups(graph)
+    if not groups.open:
+        return
+    if graph.finalized:
+        features = sorted(m.feature for g in groups.open.values() for m in g.members)
+        raise RuntimeError(f"start_asc_pipeline: the graph is finalized (a MonitoredSession was created) before the "
+                           f"table groups of features {features} were built; call start_asc_pipeline() before "
+                           "creating the session, or set SHARDREC_TABLE_GROUPS=off")
+    cfg = config.get_config()
+    with graph.as_default():
+        for group in list(groups.open.values()):
+            _build(cfg, groups, group)
+    groups.open.clear()
+
+
+def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
+    group.members.sort(key=lambda m: m.feature)
+    routings = [m.routing for m in group.members]
+    channel, wire = group.key[2], group.key[1]
+    variables = [m.table.variable for m in group.members]
+    with tf.name_scope(f"table_group_{groups.groups.index(group)}"):
+        for m in group.members:
+            m.table.mark_distinct_rows(m.routing.rows)
+        if cfg.size == 1:
+            outputs = native_ops.group_local_lookup(variables, [r.rows for r in routings],
+                                                    [r.restore for r in routings], [r.ticket for r in routings],
+                                                    int(channel))
+            _rewire(groups, group, outputs, outputs[0].op.name)
+            return
+        rows, send_splits = native_ops.group_row_gather(
+            variables, [r.rows for r in routings], [r.expand for r in routings],
+            [r.send_splits for r in routings], [r.ticket for r in routings], int(channel))
+        # Named after its first member (a group of one as that lookup alone); ranks pair a group's
+        # communicators by its place, not its name (channel.ExchangeNames).
+        first = group.members[0]
+        group.exchange = _exchange_name(cfg.graph_state(), first.table.table_name, first.feature, channel,
+                                        len(group.members))
+        recv_splits = tf.add_n([r.recv_splits for r in routings]) if len(routings) > 1 else routings[0].recv_splits
+        rows = native_ops.row_alltoall(rows, send_splits, recv_splits, group.exchange.rows,
+                                       get_world().exchange_timeout_s, group.exchange.gradients, wire)
+        outputs = native_ops.group_restore(rows, [r.recv_splits for r in routings], [r.restore for r in routings])
+    _rewire(groups, group, outputs, send_splits.op.name)
+
+
+def _rewire(groups: _GraphGroups, group: LookupGroup, outputs: list, gather: str) -> None:
+    """The members' lookups now read `outputs`; `gather` (the op that reads the tables) finds the
+    group for its gradient."""
+    for m, out in zip(group.members, outputs):
+        m.stand_in._update_input(0, out)  # noqa: SLF001 - TensorFlow's way to rewire an op's input
+        m.stand_in._remove_all_control_inputs()  # noqa: SLF001 - the check that it was built
+    group.built = True
+    groups.by_gather[gather] = group
+
+
+def _exchange_name(state, table: str, feature: str, channel: Channel, tables: int) -> RowExchangeName:
+    """The n-th of its name, as a lookup's."""
+    n = sum(1 for e in state.row_exchanges if (e.table, e.feature, e.channel) == (table, feature, channel))
+    name = RowExchangeName(table, feature, channel, n, tables)
+    state.row_exchanges.append(name)
+    return name
+
+
+@tf.RegisterGradient("ShardrecGroupRowGather")
+def _group_row_gather_grad(op, grad, _splits_grad):
+    """Each member table's IndexedSlices over its distinct rows; None for a member that no gradient
+    lookup read (its variable then has no gradient, as ungrouped)."""
+    n = op.get_attr("N")
+    index, expand, send = op.inputs[n:2 * n], op.inputs[2 * n:3 * n], op.inputs[3 * n:4 * n]
+    # After the forward gather: the update must not overtake the read (a loss linear in the rows
+    # has a gradient that depends on none of them).
+    with tf.control_dependencies([op.outputs[0]]):
+        sums = native_ops.group_row_gather_grad(grad, list(index), list(expand), list(send))
+    used = _used(op, n)
+    slices = [native_ops.table_slices(op.inputs[t], sums[t], index[t]) if used[t] else None for t in range(n)]
+    return slices + [None] * (4 * n)
+
+
+@tf.RegisterGradient("ShardrecGroupLocalLookup")
+def _group_local_lookup_grad(op, *grads):
+    """As the gather's below, for one rank's lookup (no exchange)."""
+    n = op.get_attr("N")
+    rows, restore = op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
+    filled = [g if g is not None else tf.zeros_like(out) for g, out in zip(grads, op.outputs)]
+    with tf.control_dependencies(op.outputs):
+        sums = native_ops.group_local_lookup_grad(filled, list(rows), list(restore))
+    used = _used(op, n)
+    slices = [native_ops.table_slices(op.inputs[t], sums[t], rows[t]) if used[t] else None for t in range(n)]
+    return slices + [None] * (3 * n)
+
+
+def _used(op, n: int) -> List[bool]:
+    """Which members of the group whose table reader is `op` a gradient lookup read."""
+    group = _groups(op.graph).by_gather.get(op.name)
+    return [True] * n if group is None else [m.with_gradient for m in group.members]
+
+
+def group_of(graph: tf.Graph, feature: str, channel: Channel) -> str:
+    """The groups `feature` is looked up in on `channel` (by their first features; "" where alone):
+    the key round's feature signature carries it, so ranks whose groups differ stop in the first
+    round naming the feature."""
+    return ",".join(sorted({g.members[0].feature for g in _groups(graph).groups
+                            if g.built and g.key[2] == channel and feature in g.features}))
+
+
+def grouped_features(graph: tf.Graph) -> List[Tuple[str, Channel]]:
+    """(feature, channel) of every lookup the graph's built groups hold."""
+    return sorted({(m.feature, g.key[2]) for g in _groups(graph).groups if g.built for m in g.members})
+
+
+def describe(graph: tf.Graph) -> str:
+    """One line per group of more than one table, for the log beside the sharding plan."""
+    grouped = [g for g in groups_of(graph) if len(g.members) > 1]
+    if not grouped:
+        return ""
+    return "lookup groups (SHARDREC_TABLE_GROUPS=off or init(table_groups=False) looks each table up alone):\n" + \
+        "\n".join(f"  group {i}: {g.describe()}" for i, g in enumerate(grouped))
