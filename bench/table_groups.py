@@ -13,7 +13,9 @@ so both see the same ids and the same distinct (table, key) pairs. `--compare` r
 its own cores (`taskset -c 1` at one rank; `mpiexec --bind-to core` at two), with one TensorFlow
 thread per pool, and prints each figure's median and spread and its ratio to the first
 configuration of the same round, then one JSON line. Grouping is switched by the environment
-(SHARDREC_TABLE_GROUPS=off), as a user compares it.
+(SHARDREC_TABLE_GROUPS=off), as a user compares it. Also printed: the graph's build and the time from
+there to the end of the first step (session, initializers, pipeline start), for wide models
+(`--compare 1000 --fields 1000 --batch 64`).
 """
 import argparse
 import json
@@ -85,6 +87,7 @@ def one(args):
     arrays = per_table(keys, args.tables)
     # Room for every rank's keys of the table that sees the most (a global vocabulary).
     capacity = max(len(np.unique(a)) for a in arrays) * size * 2 + 1024
+    start = time.perf_counter()
     op = build(arrays, args.dim, args.optimizer, capacity)
     built = time.perf_counter()
     with tf.compat.v1.Session() as sess:
@@ -101,7 +104,7 @@ def one(args):
     ids = args.steps * args.batch * args.fields
     out = {"tables": args.tables, "ranks": size, "groups": os.environ.get("SHARDREC_TABLE_GROUPS", "on"),
            "cpu_ns_per_id": cpu * 1e9 / ids, "wall_ms_per_step": wall * 1e3 / args.steps,
-           "first_step_s": first_step}
+           "build_s": built - start, "first_step_s": first_step}
     if size > 1:
         from mpi4py import MPI
 
@@ -133,7 +136,7 @@ def compare(args, p):
     summary = []
     for c in configs:
         row = {"tables": c[0], "groups": c[1]}
-        for k in ("cpu_ns_per_id", "wall_ms_per_step", "first_step_s"):
+        for k in ("cpu_ns_per_id", "wall_ms_per_step", "build_s", "first_step_s"):
             values = [o[k] for o in results[c]]
             ratios = [o[k] / b[k] for o, b in zip(results[c], results[base])]
             row[k] = statistics.median(values)
@@ -143,7 +146,8 @@ def compare(args, p):
         print(f"{c[0]:>5} tables  groups {c[1]:<3}  CPU {row['cpu_ns_per_id']:7.1f} ns/id "
               f"({row['cpu_ns_per_id_spread'][0]:.0f}-{row['cpu_ns_per_id_spread'][1]:.0f}) "
               f"x{row['cpu_ns_per_id_ratio']:.2f}   wall {row['wall_ms_per_step']:7.1f} ms/step "
-              f"x{row['wall_ms_per_step_ratio']:.2f}   first step {row['first_step_s']:.1f} s")
+              f"x{row['wall_ms_per_step_ratio']:.2f}   build {row['build_s']:.1f} s, "
+              f"first step {row['first_step_s']:.1f} s")
     print(json.dumps({"ranks": args.ranks, "rounds": args.rounds, "rows": summary}))
 
 

@@ -59,8 +59,9 @@ def test_ranks_whose_tables_differ_stop_naming_the_first_difference():
     proc = check(mpiexec(2, JOB, "dim_mismatch", timeout=120))
     assert results(proc) == {"0": "ok=0 errors=5 first_error_batch=0", "1": "ok=0 errors=5 first_error_batch=0"}
     for message in errors(proc).values():
-        assert ("differ at entry 2: rank 0 has feature 'b' (table 'tb', dim 4, key dtype int64, send_count dynamic, "
-                "no admission, row_wise, lookup group 'a'), rank 1 has feature 'b' (table 'tb', dim 8,") in message
+        # b's dim 8 on rank 1 leaves a alone there, where rank 0 groups a with b: the first entry differs.
+        assert ("differ at entry 1: rank 0 has feature 'a' (table 'ta', dim 4, key dtype int64, send_count dynamic, "
+                "no admission, row_wise, lookup group 'a'), rank 1 has feature 'a' (table 'ta', dim 4,") in message
 
 
 # Each job below would hang for ever without what it tests: mpiexec's timeout bounds it, and the

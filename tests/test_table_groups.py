@@ -15,7 +15,7 @@ from mpi_helpers import JOBS, check, mpiexec
 sys.path.insert(0, JOBS)
 import group_oracle as job  # noqa: E402
 
-# Every rank count: a (row_wise), b, c (table_wise), h (is_grad=False) at dim 4, and d, e, i
+# Two ranks or more: a (row_wise), b, c (table_wise), h (is_grad=False) at dim 4, and d, e, i
 # (table_wise) at dim 8; f (replicated) and g (column_wise) each look themselves up; z has no lookup.
 GROUPS = ["a,b,c,h", "d,e,i"]
 
@@ -94,8 +94,8 @@ def test_mixed_tables_train_grouped_as_ungrouped_bit_for_bit_and_as_plain_tensor
     for groups in ("on", "off"):
         check(run(tmp_path, n, groups, groups))
     grouped, alone = parts(tmp_path, n, "on"), parts(tmp_path, n, "off")
-    for part in grouped:
-        assert part["groups"].tolist() == GROUPS
+    for part in grouped:  # one rank has no exchange to save: nothing groups there
+        assert part["groups"].tolist() == (GROUPS if n > 1 else [])
     assert all(p["groups"].tolist() == [] for p in alone)
     for on, off in zip(grouped, alone):
         assert int(on["steps"]) == int(off["steps"]) == job.STEPS

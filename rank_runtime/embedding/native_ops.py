@@ -159,18 +159,6 @@ def group_row_gather(variables: list, index: list, expand: list, send_splits: li
                                             dim=int(variables[0].shape[1]), channel=int(channel))
 
 
-def group_local_lookup(variables: list, rows: list, restore: list, tickets: list, channel: int) -> list:
-    """One rank's group lookup: per table, variable[rows[restore]] (its ids' rows in batch order),
-    read straight from the table (tf_group_ops.cc)."""
-    return load().shardrec_group_local_lookup([v.handle for v in variables], rows, restore, tickets,
-                                              dim=int(variables[0].shape[1]), channel=int(channel))
-
-
-def group_local_lookup_grad(grads: list, rows: list, restore: list) -> list:
-    """Per table, its distinct rows' gradients: its ids' gradients summed per row."""
-    return load().shardrec_group_local_lookup_grad(grads, rows, restore)
-
-
 def group_row_gather_grad(grad: tf.Tensor, index: list, expand: list, send_splits: list) -> list:
     """Per table, its distinct rows' gradients from the group's."""
     return load().shardrec_group_row_gather_grad(grad, index, expand, send_splits)

@@ -177,7 +177,8 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
         emb = None
         if not modify_graph and serving_default_value is None:
-            emb = table_groups.member_rows(hashtable, ids.name, routing, channel, is_grad)
+            emb = table_groups.member_rows(hashtable, ids.name, routing, channel, is_grad, lambda with_gradient: (
+                _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, with_gradient, None)))
             if emb is not None and not is_grad:
                 emb = tf.stop_gradient(emb)
         if emb is None:

@@ -18,7 +18,7 @@ looked up with is_grad=False only gets no gradient (None, as ungrouped).
 """
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -38,6 +38,7 @@ class _Member:
     table: object
     routing: FeatureRouting
     stand_in: tf.Operation     # the Identity every lookup of the feature returns (rewired when built)
+    alone: Callable[[bool], tf.Tensor]  # the lookup's rows without a group (with a gradient or not)
     with_gradient: bool = False
 
 
@@ -56,6 +57,11 @@ class LookupGroup:
     @property
     def tables(self) -> list:
         return [m.table for m in self.members]
+
+    @property
+    def fused(self) -> bool:
+        """Built as a group (more than one table), not as its one lookup alone."""
+        return self.built and len(self.members) > 1
 
     def describe(self) -> str:
         dim, wire, channel = self.key
@@ -92,22 +98,26 @@ def groups_of(graph: tf.Graph) -> List[LookupGroup]:
 
 
 def _key(cfg: config.RuntimeConfig, table, channel: Channel) -> Optional[GroupKey]:
-    """The table's group key, or None where its lookup takes a path of its own: a replicated or
-    column-wise table (its rows are read and joined otherwise), static shapes (padded routings),
-    dynamic expansion's training lookups (rows by address)."""
+    """The table's group key, or None where its lookup takes a path of its own: one rank (below), a
+    replicated or column-wise table (its rows are read and joined otherwise), static shapes (padded
+    routings), dynamic expansion's training lookups (rows by address)."""
     kind = table.placement.kind
-    if not cfg.table_groups or not cfg.use_dynamic or kind in (REPLICATED, COLUMN_WISE):
+    # One rank has no exchange to save, and there a group cost more CPU than its tables alone (104
+    # tables of 1,024 ids: 147 against 127 ns per id, bench/table_groups.py): the tables' rows went
+    # through a buffer of all of them and their updates came after every table's read, out of cache.
+    if not cfg.table_groups or cfg.size == 1 or not cfg.use_dynamic or kind in (REPLICATED, COLUMN_WISE):
         return None
     if cfg.use_dynamic_expansion and channel == Channel.TRAIN:
         return None
     return (table.row_dim, table.row_dtypes.wire, channel)
 
 
-def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel,
-                is_grad: bool) -> Optional[tf.Tensor]:
+def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel, is_grad: bool,
+                alone: Callable[[bool], tf.Tensor]) -> Optional[tf.Tensor]:
     """The rows of `feature` (a dense, one-row-per-id lookup of `table` in FeatureSpec mode, whose
     batch filed `routing`) in batch order, from its batch's group; None where the table is not
-    grouped (the caller looks it up alone)."""
+    grouped (the caller looks it up alone). A group that ends with one member builds `alone`: a
+    one-table model's step stays the lookup's own (the group's kernels cost it 10%)."""
     key = _key(config.get_config(), table, channel)
     if key is None:
         return None
@@ -119,7 +129,7 @@ def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel,
         groups.groups.append(group)
     member = next((m for m in group.members if m.feature == feature), None)
     if member is None:
-        member = _Member(feature, table, routing, _stand_in(feature, key[0]))
+        member = _Member(feature, table, routing, _stand_in(feature, key[0]), alone)
         group.members.append(member)
     member.with_gradient |= is_grad
     return member.stand_in.outputs[0]
@@ -157,6 +167,10 @@ def build(graph: tf.Graph) -> None:
 
 
 def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
+    if len(group.members) == 1:
+        member = group.members[0]
+        _rewire(groups, group, [member.alone(member.with_gradient)], None)
+        return
     group.members.sort(key=lambda m: m.feature)
     routings = [m.routing for m in group.members]
     channel, wire = group.key[2], group.key[1]
@@ -164,12 +178,6 @@ def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
     with tf.name_scope(f"table_group_{groups.groups.index(group)}"):
         for m in group.members:
             m.table.mark_distinct_rows(m.routing.rows)
-        if cfg.size == 1:
-            outputs = native_ops.group_local_lookup(variables, [r.rows for r in routings],
-                                                    [r.restore for r in routings], [r.ticket for r in routings],
-                                                    int(channel))
-            _rewire(groups, group, outputs, outputs[0].op.name)
-            return
         rows, send_splits = native_ops.group_row_gather(
             variables, [r.rows for r in routings], [r.expand for r in routings],
             [r.send_splits for r in routings], [r.ticket for r in routings], int(channel))
@@ -185,14 +193,15 @@ def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
     _rewire(groups, group, outputs, send_splits.op.name)
 
 
-def _rewire(groups: _GraphGroups, group: LookupGroup, outputs: list, gather: str) -> None:
+def _rewire(groups: _GraphGroups, group: LookupGroup, outputs: list, gather: Optional[str]) -> None:
     """The members' lookups now read `outputs`; `gather` (the op that reads the tables) finds the
     group for its gradient."""
     for m, out in zip(group.members, outputs):
         m.stand_in._update_input(0, out)  # noqa: SLF001 - TensorFlow's way to rewire an op's input
         m.stand_in._remove_all_control_inputs()  # noqa: SLF001 - the check that it was built
     group.built = True
-    groups.by_gather[gather] = group
+    if gather is not None:
+        groups.by_gather[gather] = group
 
 
 def _exchange_name(state, table: str, feature: str, channel: Channel, tables: int) -> RowExchangeName:
@@ -218,19 +227,6 @@ def _group_row_gather_grad(op, grad, _splits_grad):
     return slices + [None] * (4 * n)
 
 
-@tf.RegisterGradient("ShardrecGroupLocalLookup")
-def _group_local_lookup_grad(op, *grads):
-    """As the gather's below, for one rank's lookup (no exchange)."""
-    n = op.get_attr("N")
-    rows, restore = op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
-    filled = [g if g is not None else tf.zeros_like(out) for g, out in zip(grads, op.outputs)]
-    with tf.control_dependencies(op.outputs):
-        sums = native_ops.group_local_lookup_grad(filled, list(rows), list(restore))
-    used = _used(op, n)
-    slices = [native_ops.table_slices(op.inputs[t], sums[t], rows[t]) if used[t] else None for t in range(n)]
-    return slices + [None] * (3 * n)
-
-
 def _used(op, n: int) -> List[bool]:
     """Which members of the group whose table reader is `op` a gradient lookup read."""
     group = _groups(op.graph).by_gather.get(op.name)
@@ -242,17 +238,17 @@ def group_of(graph: tf.Graph, feature: str, channel: Channel) -> str:
     the key round's feature signature carries it, so ranks whose groups differ stop in the first
     round naming the feature."""
     return ",".join(sorted({g.members[0].feature for g in _groups(graph).groups
-                            if g.built and g.key[2] == channel and feature in g.features}))
+                            if g.fused and g.key[2] == channel and feature in g.features}))
 
 
 def grouped_features(graph: tf.Graph) -> List[Tuple[str, Channel]]:
     """(feature, channel) of every lookup the graph's built groups hold."""
-    return sorted({(m.feature, g.key[2]) for g in _groups(graph).groups if g.built for m in g.members})
+    return sorted({(m.feature, g.key[2]) for g in _groups(graph).groups if g.fused for m in g.members})
 
 
 def describe(graph: tf.Graph) -> str:
     """One line per group of more than one table, for the log beside the sharding plan."""
-    grouped = [g for g in groups_of(graph) if len(g.members) > 1]
+    grouped = [g for g in groups_of(graph) if g.fused]
     if not grouped:
         return ""
     return "lookup groups (SHARDREC_TABLE_GROUPS=off or init(table_groups=False) looks each table up alone):\n" + \

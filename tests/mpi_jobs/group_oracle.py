@@ -131,7 +131,7 @@ def main():
                 break
         out = {"w": sess.run(w), "steps": steps,
                "groups": np.array([",".join(t.table_name for t in g.tables)
-                                   for g in table_groups.groups_of(tf.compat.v1.get_default_graph())])}
+                                   for g in table_groups.groups_of(tf.compat.v1.get_default_graph()) if g.fused])}
         for name, table in tables.items():
             out.update({f"{name}.{column}": np.asarray(values, np.float32) if column != "keys" else values
                         for column, values in table.export(sess).items()})

@@ -98,8 +98,8 @@ struct Through {
   int64_t operator()(int64_t i) const { return positions[index[i]]; }
 };
 
-// What both table readers share: the group's row width and channel, and reading each table in
-// turn under its own lock (the lock of one table at a time: an update of another is not held up).
+// The group's row width and channel, and reading each table in turn under its own lock (the lock
+// of one table at a time: an update of another is not held up).
 class GroupTableReader : public OpKernel {
  public:
   explicit GroupTableReader(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -281,66 +281,6 @@ class GroupRestoreGradOp : public OpKernel {
   }
 };
 
-// One rank: no exchange, so no buffer of every table's rows between the gather and the restore (a
-// restore from one missed the cache: 1.3 ms against 0.3 for 26 tables of 4096 ids, where each
-// table's own buffer stayed in L2). tables, rows, restore, ticket: N each; out[t][i] =
-// tables[t][rows[t][restore[t][i]]], table by table: its distinct rows gathered into a scratch
-// buffer, then read per id from there (per id straight from a large table read scattered rows
-// 2.3 times each on a Zipf batch: 8% more CPU a step).
-class GroupLocalLookupOp : public GroupTableReader {
- public:
-  using GroupTableReader::GroupTableReader;
-
-  void Compute(OpKernelContext* ctx) override {
-    OpInputList rows, restore, tickets;
-    OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
-    OP_REQUIRES_OK(ctx, ctx->input_list("restore", &restore));
-    OP_REQUIRES_OK(ctx, ctx->input_list("ticket", &tickets));
-    OpOutputList outs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("out", &outs));
-    ReadTables(ctx, rows, tickets, [&](int64_t t, const Tensor& table, RowFormat format) {
-      auto idx = rows[t].flat<int32_t>();
-      auto back = restore[t].flat<int32_t>();
-      if (!IndicesInside(ctx, back, back.size(), idx.size(), "restore", "the rows'")) return;
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, outs.allocate(t, TensorShape({back.size(), dim_}), &out));
-      Tensor scratch;  // the table's distinct rows
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({idx.size(), dim_}), &scratch));
-      GatherTableRows(ctx, table, format, idx, idx.size(), dim_, scratch.flat<float>().data());
-      GatherRows(ctx, scratch.flat<float>().data(), back, back.size(), dim_, out->flat<float>().data());
-    });
-  }
-};
-
-// grads, rows, restore: N each. Output t: table t's distinct rows' gradients (its ids' summed).
-class GroupLocalLookupGradOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    OpInputList grads, rows, restore;
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
-    OP_REQUIRES_OK(ctx, ctx->input_list("restore", &restore));
-    OpOutputList outs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("rows_grad", &outs));
-    for (int64_t t = 0; t < grads.size(); ++t) {
-      auto back = restore[t].flat<int32_t>();
-      const int64_t n_rows = rows[t].NumElements();
-      OP_REQUIRES(ctx, grads[t].dims() == 2 && grads[t].dim_size(0) == back.size(),
-                  InvalidArgument("grads of table ", t, " has shape ", grads[t].shape().DebugString(), "; its restore ",
-                                  back.size(), " ids"));
-      if (!IndicesInside(ctx, back, back.size(), n_rows, "restore", "the rows'")) return;
-      const int64_t dim = grads[t].dim_size(1);
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, outs.allocate(t, TensorShape({n_rows, dim}), &out));
-      const float* g = grads[t].flat<float>().data();
-      SumRowsInto(ctx, back, back.size(), [g, dim](int64_t i) { return g + i * dim; }, n_rows, dim,
-                  out->flat<float>().data());
-    }
-  }
-};
-
 tensorflow::Status PerTable(shape_inference::InferenceContext* c, const char* list, int64_t columns_of_input) {
   std::vector<shape_inference::ShapeHandle> in;
   TF_RETURN_IF_ERROR(c->input(list, &in));
@@ -409,46 +349,9 @@ REGISTER_OP("ShardrecGroupRestoreGrad")
     })
     .Doc("The gradient of ShardrecGroupRestore's rows: each row's readers' gradients summed.");
 
-REGISTER_OP("ShardrecGroupLocalLookup")
-    .Input("tables: N * resource")
-    .Input("rows: N * int32")
-    .Input("restore: N * int32")
-    .Input("ticket: N * int32")
-    .Output("out: N * float")
-    .Attr("N: int >= 1")
-    .Attr("dim: int")
-    .Attr("channel: int = 0")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      std::vector<shape_inference::ShapeHandle> restore, out;
-      TF_RETURN_IF_ERROR(c->input("restore", &restore));
-      for (const auto& s : restore) out.push_back(c->Matrix(c->Dim(s, 0), dim));
-      return c->set_output("out", out);
-    })
-    .Doc("One rank's group lookup: out[t][i] = tables[t][rows[t][restore[t][i]]]; each ticket as "
-         "ShardrecVariableRowGather's.");
-
-REGISTER_OP("ShardrecGroupLocalLookupGrad")
-    .Input("grads: N * float")
-    .Input("rows: N * int32")
-    .Input("restore: N * int32")
-    .Output("rows_grad: N * float")
-    .Attr("N: int >= 1")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      std::vector<shape_inference::ShapeHandle> rows, grads, out;
-      TF_RETURN_IF_ERROR(c->input("rows", &rows));
-      TF_RETURN_IF_ERROR(c->input("grads", &grads));
-      for (size_t t = 0; t < rows.size(); ++t) out.push_back(c->Matrix(c->Dim(rows[t], 0), c->Dim(grads[t], 1)));
-      return c->set_output("rows_grad", out);
-    })
-    .Doc("rows_grad[t][k] = sum of grads[t][i] over the i with restore[t][i] == k, in order of i.");
-
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRowGather").Device(tensorflow::DEVICE_CPU), GroupRowGatherOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRowGatherGrad").Device(tensorflow::DEVICE_CPU), GroupRowGatherGradOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRestore").Device(tensorflow::DEVICE_CPU), GroupRestoreOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRestoreGrad").Device(tensorflow::DEVICE_CPU), GroupRestoreGradOp);
-REGISTER_KERNEL_BUILDER(Name("ShardrecGroupLocalLookup").Device(tensorflow::DEVICE_CPU), GroupLocalLookupOp);
-REGISTER_KERNEL_BUILDER(Name("ShardrecGroupLocalLookupGrad").Device(tensorflow::DEVICE_CPU), GroupLocalLookupGradOp);
 
 }  // namespace shardrec
