@@ -47,7 +47,6 @@ class LookupGroup:
     """One batch's fused lookup."""
     key: GroupKey
     members: List[_Member] = field(default_factory=list)
-    exchange: Optional[RowExchangeName] = None
     built: bool = False
 
     @property
@@ -184,11 +183,11 @@ def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
         # Named after its first member (a group of one as that lookup alone); ranks pair a group's
         # communicators by its place, not its name (channel.ExchangeNames).
         first = group.members[0]
-        group.exchange = _exchange_name(cfg.graph_state(), first.table.table_name, first.feature, channel,
-                                        len(group.members))
+        exchange = _exchange_name(cfg.graph_state(), first.table.table_name, first.feature, channel,
+                                  len(group.members))
         recv_splits = tf.add_n([r.recv_splits for r in routings]) if len(routings) > 1 else routings[0].recv_splits
-        rows = native_ops.row_alltoall(rows, send_splits, recv_splits, group.exchange.rows,
-                                       get_world().exchange_timeout_s, group.exchange.gradients, wire)
+        rows = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.rows, get_world().exchange_timeout_s,
+                                       exchange.gradients, wire)
         outputs = native_ops.group_restore(rows, [r.recv_splits for r in routings], [r.restore for r in routings])
     _rewire(groups, group, outputs, send_splits.op.name)
 

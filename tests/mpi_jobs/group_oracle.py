@@ -7,15 +7,13 @@ the same rows bit for bit, and plain TensorFlow's on the global batches.
 TABLES: (name, dim, sharding, optimizer, how it is looked up). "frozen" is looked up with
 is_grad=False, "unused" is a feature of the dataset that no lookup reads: neither may move. Writes
 OUT/TAG-rank<r>-of<N>.npz: per table its keys and rows, the dense weights, the steps run, and the
-groups formed. --stall-rank R: rank R stops taking steps at step S (its key pipeline has
-prefetched that batch) and dies (SIGKILL) a minute later; its peers wait in the step's grouped
-row exchange. --drop-on-last T: the last rank has no table T (nor its feature). --only a,b,d:
+groups formed. --stall-rank R: rank R freezes (SIGSTOP) before step S (its key pipeline has
+prefetched that batch); its peers wait in the step's grouped row exchange. --drop-on-last T: the last rank has no table T (nor its feature). --only a,b,d:
 those tables alone.
 """
 import argparse
 import os
 import signal
-import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -122,8 +120,7 @@ def main():
         sess.run(iterator.initializer)
         while True:
             if args.stall_rank == rank and steps == args.stall_step:
-                time.sleep(60)
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen until the job's end kills it
             try:
                 sess.run(train_op)
                 steps += 1

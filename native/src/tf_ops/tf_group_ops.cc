@@ -98,45 +98,17 @@ struct Through {
   int64_t operator()(int64_t i) const { return positions[index[i]]; }
 };
 
-// The group's row width and channel, and reading each table in turn under its own lock (the lock
-// of one table at a time: an update of another is not held up).
-class GroupTableReader : public OpKernel {
+// tables, index, expand, send_splits, ticket: N each. Outputs the rows for the row exchange and
+// its send splits. Each table is read in turn under its own lock (one table's at a time: an update
+// of another is not held up), and its batch reported read to its row store.
+class GroupRowGatherOp : public OpKernel {
  public:
-  explicit GroupTableReader(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit GroupRowGatherOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     int64_t channel = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("channel", &channel));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     channel_ = static_cast<Channel>(channel);
   }
-
- protected:
-  // read(t, table, format) for each of the n tables (inputs 0..n-1) whose rows `index[t]` all are;
-  // then the table's batch `tickets[t]` is reported read. False when a read failed (said in ctx).
-  template <typename Read>
-  bool ReadTables(OpKernelContext* ctx, const OpInputList& index, const OpInputList& tickets, const Read& read) {
-    for (int64_t t = 0; t < index.size(); ++t) {
-      auto idx = index[t].flat<int32_t>();
-      const bool ok = ReadTable(ctx, t, [&](const Tensor& table, RowFormat format) {
-        OP_REQUIRES(ctx, table.dim_size(1) == dim_,
-                    InvalidArgument("table ", t, " of the group has ", table.dim_size(1), " columns, the group ", dim_));
-        if (!IndicesInside(ctx, idx, idx.size(), table.dim_size(0), "row", "the table's")) return;
-        read(t, table, format);
-        if (ctx->status().ok()) NoteGathered(table, tickets[t], channel_);
-      });
-      if (!ok) return false;
-    }
-    return true;
-  }
-
-  int64_t dim_ = 0;
-  Channel channel_ = Channel::kTrain;
-};
-
-// tables, index, expand, send_splits, ticket: N each. Outputs the rows for the row exchange and
-// its send splits.
-class GroupRowGatherOp : public GroupTableReader {
- public:
-  using GroupTableReader::GroupTableReader;
 
   void Compute(OpKernelContext* ctx) override {
     OpInputList index, expand, splits, tickets;
@@ -158,17 +130,28 @@ class GroupRowGatherOp : public GroupTableReader {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &out_splits));
     for (int64_t r = 0; r < world; ++r) out_splits->flat<int32_t>()(r) = static_cast<int32_t>(at.per_rank[r]);
     float* dst = out->flat<float>().data();
-    ReadTables(ctx, index, tickets, [&](int64_t t, const Tensor& table, RowFormat format) {
+    for (int64_t t = 0; t < n; ++t) {
       auto idx = index[t].flat<int32_t>();
       auto e = expand[t].flat<int32_t>();
-      if (!IndicesInside(ctx, e, e.size(), idx.size(), "expand", "the index's")) return;
-      for (int64_t r = 0; r < world; ++r) {
-        const int64_t rows = at.own_start[t][r + 1] - at.own_start[t][r];
-        GatherTableRows(ctx, table, format, BlockRows{idx.data(), e.data(), at.own_start[t][r]}, rows, dim_,
-                        dst + at.blocks[t][r] * dim_);
-      }
-    });
+      const bool read = ReadTable(ctx, t, [&](const Tensor& table, RowFormat format) {
+        OP_REQUIRES(ctx, table.dim_size(1) == dim_,
+                    InvalidArgument("table ", t, " of the group has ", table.dim_size(1), " columns, the group ", dim_));
+        if (!IndicesInside(ctx, idx, idx.size(), table.dim_size(0), "row", "the table's")) return;
+        if (!IndicesInside(ctx, e, e.size(), idx.size(), "expand", "the index's")) return;
+        for (int64_t r = 0; r < world; ++r) {
+          const int64_t rows = at.own_start[t][r + 1] - at.own_start[t][r];
+          GatherTableRows(ctx, table, format, BlockRows{idx.data(), e.data(), at.own_start[t][r]}, rows, dim_,
+                          dst + at.blocks[t][r] * dim_);
+        }
+        NoteGathered(table, tickets[t], channel_);
+      });
+      if (!read) return;
+    }
   }
+
+ private:
+  int64_t dim_ = 0;
+  Channel channel_ = Channel::kTrain;
 };
 
 // grad (the group's rows), index, expand, send_splits: N each. Output t: table t's distinct rows'
