@@ -25,7 +25,8 @@ from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_fun
                                    init, sparse_lookup, start_asc_pipeline)
 from shardrec.rank_runtime.embedding import native_ops
 from shardrec.rank_runtime.formats.channel import Channel
-from shardrec.rank_runtime.process import config, lifecycle
+from shardrec.rank_runtime.pipeline import exchanges
+from shardrec.rank_runtime.process import lifecycle
 from shardrec.rank_runtime.process.world import get_world
 from mx_rec.optimizers import gradient_descent
 
@@ -76,7 +77,7 @@ def build(mode, ids, splits, batch, dim, vocabulary):
 
 def measure(mode, ids, splits, batch, dim, steps, warmup, vocabulary):
     train = build(mode, ids, splits, batch, dim, vocabulary)
-    names = [n for e in config.get_config().graph_state().row_exchanges for n in (e.rows, e.gradients)]
+    names = [n for e in exchanges.of_graph().names() for n in (e.rows, e.gradients)]
     exchange = get_world().exchanges[Channel.TRAIN]
     before = exchange.counters()
     with tf.compat.v1.Session() as sess:

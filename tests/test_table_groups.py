@@ -114,6 +114,27 @@ def test_mixed_tables_train_grouped_as_ungrouped_bit_for_bit_and_as_plain_tensor
         assert (moved == 0) == (name in ("h", "z")), (name, moved)
 
 
+@pytest.mark.parametrize("gradients", ["variables", "by_address"])
+def test_dynamic_expansion_groups_train_lookups_as_alone_bit_for_bit(tmp_path, gradients):
+    """Dynamic expansion's training lookups read their rows by address (the tensors a by-address
+    script takes gradients of): grouped, those rows move in one exchange and learn the same."""
+    only = "a,b,c,d,e,h,i"
+    for groups in ("on", "off"):
+        check(run(tmp_path, 2, groups, groups, "--only", only, "--expansion", gradients))
+    grouped, alone = parts(tmp_path, 2, "on"), parts(tmp_path, 2, "off")
+    for on, off in zip(grouped, alone):
+        assert on["groups"].tolist() == GROUPS and off["groups"].tolist() == []
+        assert int(on["steps"]) == int(off["steps"]) == job.STEPS
+        np.testing.assert_array_equal(on["w"], off["w"])
+    for name in only.split(","):
+        on, off = held(grouped, name), held(alone, name)
+        assert sorted(on) == sorted(off), name
+        for key in on:
+            np.testing.assert_array_equal(on[key], off[key], err_msg=f"{name} key {key}")
+        moved = any(not np.all(row == np.float32(0.1)) for row in on.values())
+        assert moved == (name != "h"), f"{name}: trained {moved}"  # h is looked up with is_grad=False
+
+
 def test_a_rank_that_stalls_in_a_grouped_step_stops_its_peers_naming_the_group_and_the_rank(tmp_path):
     """Only grouped tables (a, b at dim 4; d, e at dim 8): whichever group's exchange rank 0 reaches
     first names the group's first table and rank 1."""

@@ -19,7 +19,7 @@ REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` targ
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
            "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
            "shardrec_variable_row_gather_expanded", "shardrec_store_bind", "shardrec_row_alltoall",
-           "shardrec_group_row_gather", "shardrec_group_restore")
+           "shardrec_group_row_gather", "shardrec_group_rows_gather", "shardrec_group_restore")
 
 
 def library_path() -> str:
@@ -146,7 +146,7 @@ def _distinct_rows_gather_grad(op, grad):
 def _expanded_rows_gather_grad(op, grad):
     """The sum over the positions that read one distinct row, then that row's slice of the table."""
     rows, expand = op.inputs[1], op.inputs[2]
-    summed = load().shardrec_row_gather_grad(grad, expand, tf.shape(rows, out_type=tf.int32)[0])
+    summed = load().shardrec_row_gather_grad(grad, expand, tf.shape(rows, out_type=tf.int32))
     return table_slices(op.inputs[0], summed, rows), None, None, None
 
 
@@ -157,6 +157,12 @@ def group_row_gather(variables: list, index: list, expand: list, send_splits: li
     knows which members a gradient lookup read)."""
     return load().shardrec_group_row_gather([v.handle for v in variables], index, expand, send_splits, tickets,
                                             dim=int(variables[0].shape[1]), channel=int(channel))
+
+
+def group_rows_gather(rows: list, expand: list, send_splits: list) -> "tuple[tf.Tensor, tf.Tensor]":
+    """As group_row_gather from each table's distinct rows already read (dynamic expansion's
+    training lookups, whose rows by address scripts take gradients of)."""
+    return load().shardrec_group_rows_gather(rows, expand, send_splits)
 
 
 def group_row_gather_grad(grad: tf.Tensor, index: list, expand: list, send_splits: list) -> list:
@@ -209,7 +215,7 @@ def row_gather(rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
 @tf.RegisterGradient("ShardrecRowGather")
 def _row_gather_grad(op, grad):
     rows, index = op.inputs
-    return load().shardrec_row_gather_grad(grad, index, tf.shape(rows, out_type=tf.int32)[0]), None
+    return load().shardrec_row_gather_grad(grad, index, tf.shape(rows, out_type=tf.int32)), None
 
 
 

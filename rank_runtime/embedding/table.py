@@ -176,8 +176,11 @@ class EmbeddingTable:
             def initial():
                 # A column-wise slice takes its columns of whole rows drawn: an initializer whose scale
                 # depends on the shape draws as for the whole table.
-                values = emb_initializer([rows + 1, self.dim], dtype=tf.float32)[:, self.held_columns]
-                return values * tf.constant(self.init_param, tf.float32)
+                values = emb_initializer([rows + 1, self.dim], dtype=tf.float32)
+                if self.held_columns != slice(0, self.dim):
+                    values = values[:, self.held_columns]
+                # x * 1.0 is x: the ops left out are six a table of a wide model's graph.
+                return values * tf.constant(self.init_param, tf.float32) if self.init_param != 1.0 else values
         return self._bound_variable(self.table_name, 0, initial,
                                     [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLES_COLLECTION],
                                     self.row_dtypes.values)

@@ -40,7 +40,7 @@ from ..formats.channel import Channel
 from ..admission.thresholds import Thresholds, configure_tables
 from .feature_spec import FeatureSpec
 from ..process.logs import get_logger, warn_once
-from . import ragged_ids, table_groups
+from . import exchanges, ragged_ids, table_groups
 from .routing import FeatureRouting, PoolRouting
 from ..embedding import placing
 from ..embedding.tiers import check_datasets
@@ -70,13 +70,11 @@ class _BatchKeyProcessor:
         if self._features is None:
             from ...native import core as native_core
 
-            state = cfg.graph_state(graph)
+            asked = exchanges.of_graph(graph)
             tables = [config.get_table(spec.table_name, graph) for spec in self.specs]
-            send_counts = [0 if cfg.use_dynamic else state.send_counts.get((s.name, self.channel), 0)
-                           for s in self.specs]
-            # 2: pooled by lookups without weights only, whose singleton partials are shared.
-            pooled = [0 if not p else 1 if (s.name, self.channel) in state.weighted_pools else 2
-                      for s, p in zip(self.specs, self.pooled)]
+            features = [asked.feature(s.name, self.channel) for s in self.specs]
+            send_counts = [0 if cfg.use_dynamic else f.send_count for f in features]
+            pooled = [int(f.pooling(p)) for f, p in zip(features, self.pooled)]
             lines = [f"feature '{s.name}' (table '{t.table_name}', dim {t.dim}, key dtype {t.key_dtype.name}, "
                      f"send_count {c or 'dynamic'}, {(t.thresholds or Thresholds()).describe()}"
                      f"{('', ', pooled', ', pooled without weights')[p]}{_exchanged_in(t)}, {t.placement.describe()}"
@@ -335,7 +333,7 @@ def start_asc_pipeline() -> None:
             log.info("%s", grouped)
     if cfg.size > 1:
         grouped = table_groups.grouped_features(tf.compat.v1.get_default_graph())
-        get_world().make_row_exchanges(state.row_exchanges, grouped)
+        get_world().make_row_exchanges(exchanges.of_graph().names(), grouped)
     state.pipeline_started = True
     batch_events.register(_PassEndLog())
     log.info("key pipeline started for %d table(s)", len(state.tables))

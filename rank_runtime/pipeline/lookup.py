@@ -3,12 +3,13 @@ import tensorflow as tf
 
 from ..process import config
 from ..embedding import export_view, native_ops
-from ..formats.channel import Channel, RowExchangeName
+from ..formats.channel import Channel
 from ..formats.sharding_plan import REPLICATED
 from .feature_spec import FeatureSpec
 from .graph_modifier import pending_lookup
 from ..optimizers import by_address
-from . import combiners, pooled_lookup, ragged_ids, table_groups
+from . import combiners, exchanges, pooled_lookup, ragged_ids, table_groups
+from .exchanges import RowExchange
 from .routing import FeatureRouting, PoolRouting
 from ..embedding.table import EmbeddingTable
 from ..validation import INT32_MAX, check_bool, check_int, check_type
@@ -54,36 +55,23 @@ def _check_thresholds(spec, access_and_evict_config):
                              "govern: make them agree, or leave access_and_evict_config out")
 
 
-def _register_send_count(state, spec, channel, send_count):
-    key = (spec.name, channel)
-    known = state.send_counts.setdefault(key, send_count)
-    if known != send_count:
-        raise ValueError(f"{_OWNER}: feature {spec.name!r} ({channel.label}) is already looked up with "
-                         f"send_count={known}; "
-                         f"a second lookup of it asks for send_count={send_count}; one feature has one send_count "
-                         "per channel")
-
-
-def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchange: RowExchangeName, state,
-                        wire: str):
+def _rows_to_requesters(rows, send_splits, recv_splits, dim, static_rows, exchange: RowExchange):
     """Owner -> requester: each rank gets back the rows of the keys it sent, owner by owner, on the
     lookup's own communicators (the op library's row exchange; gradients go back the same way, both
-    in the table's exchange dtype, `wire`). They are made when the pipeline starts
-    (world.make_row_exchanges), matched by name."""
-    state.row_exchanges.append(exchange)
-    back = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.rows,
-                                   get_world().exchange_timeout_s, exchange.gradients, wire)
+    in the table's exchange dtype). They are made when the pipeline starts (world.make_row_exchanges),
+    matched by name."""
+    back = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.name.rows,
+                                   get_world().exchange_timeout_s, exchange.name.gradients, exchange.wire)
     back.set_shape([static_rows, dim])
     return back
 
 
-def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state, wire: str):
+def _own_rows(cfg, rows, routing, exchange: RowExchange):
     """A replicated table: every rank holds every row, so a rank reads its own keys' rows from its
     own replica (its block among the keys every rank received) and nothing crosses forward. Each
     replica must learn every rank's gradients, as a row-wise owner does from its requesters: the
     gradient of this rank's block goes to every rank (the block repeated once per rank on the
     lookup's gradient communicator), landing where that rank's keys sit among those received."""
-    state.row_exchanges.append(exchange)
     begin = tf.cumsum(routing.send_splits, exclusive=True)[cfg.rank]
     size = routing.send_splits[cfg.rank]
     timeout = get_world().exchange_timeout_s
@@ -92,17 +80,15 @@ def _own_rows(cfg, rows, routing, exchange: RowExchangeName, state, wire: str):
     def own_block(received):
         def grad(dy):
             every_rank = tf.tile(dy, [cfg.size, 1])
-            return native_ops.row_alltoall(every_rank, routing.recv_splits, routing.send_splits, exchange.gradients,
-                                           timeout, wire=wire)
+            return native_ops.row_alltoall(every_rank, routing.recv_splits, routing.send_splits,
+                                           exchange.name.gradients, timeout, wire=exchange.wire)
         return tf.slice(received, tf.stack([begin, 0]), tf.stack([size, -1])), grad
 
     return own_block(rows)
 
 
-def _exchange_name(state, table, spec, channel: Channel) -> RowExchangeName:
-    """The same on every rank, whatever order the lookups were built in: the n-th of its kind."""
-    n = sum(1 for e in state.row_exchanges if (e.table, e.feature, e.channel) == (table.table_name, spec.name, channel))
-    return RowExchangeName(table.table_name, spec.name, channel, n)
+def _row_exchange(table, spec, channel: Channel) -> RowExchange:
+    return exchanges.of_graph().row_exchange(table.table_name, (spec.name,), channel, table.row_dtypes.wire)
 
 
 def _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph, access_and_evict_config,
@@ -167,7 +153,7 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     combiner = combiners.check_combiner(combiner, pool is not None)
     channel = Channel.of(is_train)
     if send_count is not None:
-        _register_send_count(cfg.graph_state(), ids, channel, send_count)
+        exchanges.of_graph().ask(ids.name, channel, send_count=send_count)
     if pool is not None:
         return _pooled(cfg, hashtable, ids, routing, pool, ids_tensor, weights, combiner, channel, is_grad,
                        serving_default_value, name)
@@ -177,8 +163,13 @@ def sparse_lookup(hashtable, ids, send_count=None, dim=None, is_train=True, name
     with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
         emb = None
         if not modify_graph and serving_default_value is None:
-            emb = table_groups.member_rows(hashtable, ids.name, routing, channel, is_grad, lambda with_gradient: (
-                _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count, with_gradient, None)))
+            reads_by_address = cfg.use_dynamic_expansion and channel == Channel.TRAIN
+            emb = table_groups.member_rows(
+                hashtable, ids.name, routing, channel, is_grad,
+                lambda with_gradient, distinct: _rows_of_batch(cfg, hashtable, ids, routing, channel, send_count,
+                                                               with_gradient, None, distinct),
+                (lambda with_gradient: _distinct_rows(cfg, hashtable, routing, channel, with_gradient))
+                if reads_by_address else None)
             if emb is not None and not is_grad:
                 emb = tf.stop_gradient(emb)
         if emb is None:
@@ -217,15 +208,14 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
     if serving_default_value is not None:
         raise ValueError(f"{_OWNER}: serving_default_value applies to lookups of one row per id; a pooled lookup "
                          "(variable-length ids) reads a missing id's row as zeros: leave it out")
-    state = cfg.graph_state()
     if table.placement.kind == REPLICATED and cfg.size > 1:
-        return _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name, state)
+        return _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name)
     if weights is not None:
-        state.weighted_pools.add((spec.name, channel))
+        exchanges.of_graph().ask(spec.name, channel, weighted=True)
 
     def exchange(rows, send_splits, recv_splits, wire=table.row_dtypes.wire):
-        return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None,
-                                   _exchange_name(state, table, spec, channel), state, wire)
+        exchange = exchanges.of_graph().row_exchange(table.table_name, (spec.name,), channel, wire)
+        return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None, exchange)
 
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)
@@ -236,14 +226,14 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         return emb
 
 
-def _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name, state):
+def _pooled_by_requester(cfg, table, spec, routing, ids, weights, combiner, channel, is_grad, name):
     """A replicated table's variable-length ids: the key round routed them as any ids (no pooling
     round), every row is on this rank, so it pools its own examples: its ids' rows from its own
     replica (_own_rows), weighted and combined per example as tf.nn.embedding_lookup_sparse."""
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)
         rows = _rows_asked_for(cfg, table, routing, channel, is_grad, None)
-        own = _own_rows(cfg, rows, routing, _exchange_name(state, table, spec, channel), state, table.row_dtypes.wire)
+        own = _own_rows(cfg, rows, routing, _row_exchange(table, spec, channel))
         per_id = native_ops.row_gather(own, routing.restore)
         emb = combiners.combine_rows(per_id, ragged, combiners.checked_weights(weights, ragged), combiner)
         emb.set_shape([ragged.shape[0], table.dim])
@@ -265,13 +255,15 @@ def _distinct_rows(cfg, table, routing, channel, is_grad, expand=None):
     return rows
 
 
-def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value):
+def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value, distinct=None):
     """The rows the requesters asked for, on the owner, in the order the row exchange sends them;
-    with serving_default_value, one more column that is 1 where the key has no row."""
+    with serving_default_value, one more column that is 1 where the key has no row. `distinct`:
+    dynamic expansion's distinct rows, read already."""
     # Dynamic expansion's local rows are the distinct rows (by_address.py): gathered, then expanded.
     needs_expand = cfg.size > 1 or not cfg.use_dynamic
     expanded = needs_expand and not (cfg.use_dynamic_expansion and channel == Channel.TRAIN)
-    rows = _distinct_rows(cfg, table, routing, channel, is_grad, routing.expand if expanded else None)
+    rows = distinct if distinct is not None else \
+        _distinct_rows(cfg, table, routing, channel, is_grad, routing.expand if expanded else None)
     if serving_default_value is not None:
         # The owner knows which keys have no row: that flag travels back as one more column.
         missing = tf.cast(tf.equal(routing.rows, table.sentinel), tf.float32)[:, None]
@@ -283,22 +275,20 @@ def _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value
     return rows
 
 
-def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value):
+def _rows_of_batch(cfg, table, spec, routing, channel, send_count, is_grad, serving_default_value, distinct=None):
     """The stages of a lookup (docs/internals/step.md): row gather on the owner, the row
     exchange back to the requesters, restore to batch order."""
-    rows = _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value)
+    rows = _rows_asked_for(cfg, table, routing, channel, is_grad, serving_default_value, distinct)
     width = table.row_dim + (serving_default_value is not None)
     if not cfg.use_dynamic:
         rows = tf.ensure_shape(rows, [send_count * cfg.size, width])
     if cfg.size > 1:
-        state = cfg.graph_state()
-        name = _exchange_name(state, table, spec, channel)
+        exchange = _row_exchange(table, spec, channel)
         if table.placement.kind == REPLICATED:
-            rows = _own_rows(cfg, rows, routing, name, state, table.row_dtypes.wire)
+            rows = _own_rows(cfg, rows, routing, exchange)
         else:
             rows = _rows_to_requesters(rows, routing.send_splits, routing.recv_splits, width,
-                                       None if cfg.use_dynamic else send_count * cfg.size, name, state,
-                                       table.row_dtypes.wire)
+                                       None if cfg.use_dynamic else send_count * cfg.size, exchange)
     emb = _slices_joined(table, rows, routing) if table.placement.native_slices > 1 else \
         native_ops.row_gather(rows, routing.restore)
     if serving_default_value is not None:

@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from ..embedding import native_ops
 from ..formats.channel import Channel
-from ..process import config
 from ..process.world import get_world
+from . import exchanges
 
 ROW_EXCHANGE_OP = "ShardrecRowAlltoall"
 INPUT_OPS = ("IteratorGetNext", "IteratorGetNextSync")
@@ -299,7 +299,6 @@ def wire_bytes(channel: Channel = Channel.TRAIN) -> int:
     copies and not counted. The difference over n steps, divided by n, is a step's traffic."""
     counters = get_world().exchanges[channel].counters()
     total = counters.key_bytes_sent + counters.pool_bytes_sent
-    for name in set(config.get_config().graph_state().row_exchanges):
-        if name.channel == channel:
-            total += native_ops.exchange_bytes_sent(name.rows) + native_ops.exchange_bytes_sent(name.gradients)
+    for name in exchanges.of_graph().names(channel):
+        total += native_ops.exchange_bytes_sent(name.rows) + native_ops.exchange_bytes_sent(name.gradients)
     return total

@@ -16,17 +16,17 @@ to its own row store; its gradient reaches each table's variable as that table's
 IndexedSlices over its distinct rows, so every optimizer applies per table as before. A member
 looked up with is_grad=False only gets no gradient (None, as ungrouped).
 """
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from ..embedding import native_ops
-from ..formats.channel import Channel, RowExchangeName
+from ..formats.channel import Channel
 from ..formats.sharding_plan import COLUMN_WISE, REPLICATED
 from ..process import config
 from ..process.world import get_world
+from . import exchanges
 from .routing import FeatureRouting
 
 GroupKey = Tuple[int, str, Channel]  # (row width, exchange dtype, channel)
@@ -38,7 +38,12 @@ class _Member:
     table: object
     routing: FeatureRouting
     stand_in: tf.Operation     # the Identity every lookup of the feature returns (rewired when built)
-    alone: Callable[[bool], tf.Tensor]  # the lookup's rows without a group (with a gradient or not)
+    # The lookup's rows without a group (with a gradient or not; from its rows by address, if any).
+    alone: Callable[[bool, Optional[tf.Tensor]], tf.Tensor]
+    # Dynamic expansion's training lookups: the table's distinct rows read by address, made at the
+    # lookup (scripts take gradients of them from a collection before any gradient builds the
+    # group); None: the group reads the table itself.
+    by_address: Optional[tf.Tensor] = None
     with_gradient: bool = False
 
 
@@ -79,16 +84,14 @@ class _GraphGroups:
 
 @dataclass
 class _GroupsByGraph:
-    graphs: "weakref.WeakKeyDictionary[tf.Graph, _GraphGroups]" = field(default_factory=weakref.WeakKeyDictionary)
+    graphs: exchanges.PerGraph[_GraphGroups] = field(default_factory=lambda: exchanges.PerGraph(_GraphGroups))
 
 
 _STATE = _GroupsByGraph()
 
 
 def _groups(graph: tf.Graph) -> _GraphGroups:
-    if graph not in _STATE.graphs:
-        _STATE.graphs[graph] = _GraphGroups()
-    return _STATE.graphs[graph]
+    return _STATE.graphs.of(graph)
 
 
 def groups_of(graph: tf.Graph) -> List[LookupGroup]:
@@ -99,24 +102,24 @@ def groups_of(graph: tf.Graph) -> List[LookupGroup]:
 def _key(cfg: config.RuntimeConfig, table, channel: Channel) -> Optional[GroupKey]:
     """The table's group key, or None where its lookup takes a path of its own: one rank (below), a
     replicated or column-wise table (its rows are read and joined otherwise), static shapes (padded
-    routings), dynamic expansion's training lookups (rows by address)."""
+    routings)."""
     kind = table.placement.kind
     # One rank has no exchange to save, and there a group cost more CPU than its tables alone (104
     # tables of 1,024 ids: 147 against 127 ns per id, bench/table_groups.py): the tables' rows went
     # through a buffer of all of them and their updates came after every table's read, out of cache.
     if not cfg.table_groups or cfg.size == 1 or not cfg.use_dynamic or kind in (REPLICATED, COLUMN_WISE):
         return None
-    if cfg.use_dynamic_expansion and channel == Channel.TRAIN:
-        return None
     return (table.row_dim, table.row_dtypes.wire, channel)
 
 
 def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel, is_grad: bool,
-                alone: Callable[[bool], tf.Tensor]) -> Optional[tf.Tensor]:
+                alone: Callable[[bool, Optional[tf.Tensor]], tf.Tensor],
+                distinct: Optional[Callable[[bool], tf.Tensor]] = None) -> Optional[tf.Tensor]:
     """The rows of `feature` (a dense, one-row-per-id lookup of `table` in FeatureSpec mode, whose
     batch filed `routing`) in batch order, from its batch's group; None where the table is not
     grouped (the caller looks it up alone). A group that ends with one member builds `alone`: a
-    one-table model's step stays the lookup's own (the group's kernels cost it 10%)."""
+    one-table model's step stays the lookup's own (the group's kernels cost it 10%). `distinct`, for
+    a lookup that reads its rows by address, reads them (with a gradient or not): the group moves those."""
     key = _key(config.get_config(), table, channel)
     if key is None:
         return None
@@ -130,6 +133,8 @@ def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel, 
     if member is None:
         member = _Member(feature, table, routing, _stand_in(feature, key[0]), alone)
         group.members.append(member)
+    if distinct is not None and (member.by_address is None or is_grad and not member.with_gradient):
+        member.by_address = distinct(is_grad)
     member.with_gradient |= is_grad
     return member.stand_in.outputs[0]
 
@@ -158,36 +163,40 @@ def build(graph: tf.Graph) -> None:
         raise RuntimeError(f"start_asc_pipeline: the graph is finalized (a MonitoredSession was created) before the "
                            f"table groups of features {features} were built; call start_asc_pipeline() before "
                            "creating the session, or set SHARDREC_TABLE_GROUPS=off")
-    cfg = config.get_config()
     with graph.as_default():
         for group in list(groups.open.values()):
-            _build(cfg, groups, group)
+            _build(groups, group)
     groups.open.clear()
 
 
-def _build(cfg, groups: _GraphGroups, group: LookupGroup) -> None:
+def _build(groups: _GraphGroups, group: LookupGroup) -> None:
     if len(group.members) == 1:
         member = group.members[0]
-        _rewire(groups, group, [member.alone(member.with_gradient)], None)
+        _rewire(groups, group, [member.alone(member.with_gradient, member.by_address)], None)
         return
     group.members.sort(key=lambda m: m.feature)
     routings = [m.routing for m in group.members]
     channel, wire = group.key[2], group.key[1]
     variables = [m.table.variable for m in group.members]
     with tf.name_scope(f"table_group_{groups.groups.index(group)}"):
-        for m in group.members:
-            m.table.mark_distinct_rows(m.routing.rows)
-        rows, send_splits = native_ops.group_row_gather(
-            variables, [r.rows for r in routings], [r.expand for r in routings],
-            [r.send_splits for r in routings], [r.ticket for r in routings], int(channel))
+        if group.members[0].by_address is not None:
+            # Each table's rows by address (and their gradients) stay the lookup's own tensors.
+            rows, send_splits = native_ops.group_rows_gather(
+                [m.by_address for m in group.members], [r.expand for r in routings], [r.send_splits for r in routings])
+        else:
+            for m in group.members:
+                m.table.mark_distinct_rows(m.routing.rows)
+            rows, send_splits = native_ops.group_row_gather(
+                variables, [r.rows for r in routings], [r.expand for r in routings],
+                [r.send_splits for r in routings], [r.ticket for r in routings], int(channel))
         # Named after its first member (a group of one as that lookup alone); ranks pair a group's
         # communicators by its place, not its name (channel.ExchangeNames).
         first = group.members[0]
-        exchange = _exchange_name(cfg.graph_state(), first.table.table_name, first.feature, channel,
-                                  len(group.members))
+        exchange = exchanges.of_graph().row_exchange(first.table.table_name, tuple(group.features), channel, wire,
+                                                   len(group.members))
         recv_splits = tf.add_n([r.recv_splits for r in routings]) if len(routings) > 1 else routings[0].recv_splits
-        rows = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.rows, get_world().exchange_timeout_s,
-                                       exchange.gradients, wire)
+        rows = native_ops.row_alltoall(rows, send_splits, recv_splits, exchange.name.rows,
+                                       get_world().exchange_timeout_s, exchange.name.gradients, wire)
         outputs = native_ops.group_restore(rows, [r.recv_splits for r in routings], [r.restore for r in routings])
     _rewire(groups, group, outputs, send_splits.op.name)
 
@@ -203,14 +212,6 @@ def _rewire(groups: _GraphGroups, group: LookupGroup, outputs: list, gather: Opt
         groups.by_gather[gather] = group
 
 
-def _exchange_name(state, table: str, feature: str, channel: Channel, tables: int) -> RowExchangeName:
-    """The n-th of its name, as a lookup's."""
-    n = sum(1 for e in state.row_exchanges if (e.table, e.feature, e.channel) == (table, feature, channel))
-    name = RowExchangeName(table, feature, channel, n, tables)
-    state.row_exchanges.append(name)
-    return name
-
-
 @tf.RegisterGradient("ShardrecGroupRowGather")
 def _group_row_gather_grad(op, grad, _splits_grad):
     """Each member table's IndexedSlices over its distinct rows; None for a member that no gradient
@@ -224,6 +225,18 @@ def _group_row_gather_grad(op, grad, _splits_grad):
     used = _used(op, n)
     slices = [native_ops.table_slices(op.inputs[t], sums[t], index[t]) if used[t] else None for t in range(n)]
     return slices + [None] * (4 * n)
+
+
+@tf.RegisterGradient("ShardrecGroupRowsGather")
+def _group_rows_gather_grad(op, grad, _splits_grad):
+    """Each member's gradient of its distinct rows (which reach its table as its lookup's alone)."""
+    n = op.get_attr("N")
+    expand, send = op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
+    group = _groups(op.graph).by_gather[op.name]
+    with tf.control_dependencies([op.outputs[0]]):
+        sums = native_ops.group_row_gather_grad(grad, [m.routing.rows for m in group.members], list(expand),
+                                                list(send))
+    return [s if m.with_gradient else None for s, m in zip(sums, group.members)] + [None] * (2 * n)
 
 
 def _used(op, n: int) -> List[bool]:

@@ -7,12 +7,11 @@ get their own key index, filled from the checkpoint the Estimator restores.
 """
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from . import heartbeat
-from ..formats.channel import Channel, RowExchangeName
 from ..formats.sharding_plan import ShardingPlan
 from ..validation import check_bool
 
@@ -70,16 +69,8 @@ class GraphState:
     pending_lookups: List[Any] = field(default_factory=list)
     # is_training -> the iterator initializers that graph modification made.
     initializers: Dict[bool, tf.Operation] = field(default_factory=dict)
-    # The lookups' row exchanges, made when the pipeline starts.
-    row_exchanges: List[RowExchangeName] = field(default_factory=list)
     # The insert functions built in this graph (start_asc_pipeline checks their tables).
     insert_functions: List[Any] = field(default_factory=list)
-    # (feature name, channel) -> send_count, registered by each lookup with static shapes: a train
-    # and an eval FeatureSpec of the same name keep their own.
-    send_counts: Dict[Tuple[str, Channel], int] = field(default_factory=dict)
-    # (feature name, channel) of the variable-length lookups given weights: their singleton
-    # partials cannot be shared (pooling.h).
-    weighted_pools: Set[Tuple[str, Channel]] = field(default_factory=set)
     # (table name, feature name) -> the training feature's ids in one batch, where the dataset's
     # shapes say (the sharding planner's ids per step; get_asc_insert_func files them).
     training_ids: Dict[Tuple[str, str], int] = field(default_factory=dict)

@@ -14,13 +14,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 import psutil
 
 from . import exit_hooks, heartbeat, host_defaults
-from ..formats.channel import Channel, ExchangeNames, agreed_keys, check_matches_native
+from ..formats.channel import Channel, ExchangeNames, RowExchangeName, agreed_keys, check_matches_native
 from ..formats.heartbeat_format import STACKS_SIGNAL
 from .logs import get_logger, set_rank
 
@@ -99,7 +99,8 @@ class World:
         self._row_comms = {}
         self.exchange_timeout_s = timeout
 
-    def make_row_exchanges(self, exchanges, grouped=()):
+    def make_row_exchanges(self, exchanges: Iterable[RowExchangeName],
+                           grouped: Iterable[Tuple[str, Channel]] = ()) -> None:
         """Communicators for the lookups' row exchanges (channel.RowExchangeName: one for rows, one
         for gradients each), registered with the op library under their names; `grouped`: the
         (feature, channel) pairs looked up in table groups. Called by every rank when its key

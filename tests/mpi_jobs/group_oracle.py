@@ -9,7 +9,9 @@ is_grad=False, "unused" is a feature of the dataset that no lookup reads: neithe
 OUT/TAG-rank<r>-of<N>.npz: per table its keys and rows, the dense weights, the steps run, and the
 groups formed. --stall-rank R: rank R freezes (SIGSTOP) before step S (its key pipeline has
 prefetched that batch); its peers wait in the step's grouped row exchange. --drop-on-last T: the last rank has no table T (nor its feature). --only a,b,d:
-those tables alone.
+those tables alone. --expansion variables|by_address: dynamic expansion (row-wise and table-wise
+tables), gradients taken of the table variables, or of the lookups' rows by address and applied at
+their addresses (the by-address optimizers).
 """
 import argparse
 import os
@@ -19,7 +21,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from mx_rec.optimizers import gradient_descent, lazy_adam
+from mx_rec.constants.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
+from mx_rec.optimizers import gradient_descent, gradient_descent_by_addr, lazy_adam, lazy_adam_by_addr
 from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_func, get_dense_and_sparse_variable,
                                    get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline,
                                    terminate_config_initializer)
@@ -63,6 +66,27 @@ def placement(kind, size):
     return {"sharding": kind}
 
 
+def sparse_updates(loss, tables, kept, by_address):
+    """One optimizer per kind over its tables' variables, or, by address, over the lookups' rows."""
+    if by_address:
+        rows = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+        addresses = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+        kind = {name: opt for name, _, _, opt, _ in kept}
+        opt_of = [next(kind[n] for n, t in tables.items() if t.local_rows_at(a) is not None) for a in addresses]
+        make = {"sgd": gradient_descent_by_addr.create_hash_optimizer_by_addr,
+                "lazy_adam": lazy_adam_by_addr.create_hash_optimizer_by_address}
+        grads = tf.gradients(loss, rows)
+        return [make[opt](LEARNING_RATES[opt]).apply_gradients(
+                    [(g, a) for g, a, o in zip(grads, addresses, opt_of) if o == opt])
+                for opt in sorted(set(opt_of))]
+    by_opt = {}
+    for name, _, _, opt, _ in kept:  # "frozen" and "unused" too: their gradient must be None
+        by_opt.setdefault(opt, []).append(tables[name].variable)
+    make = {"sgd": gradient_descent.create_hash_optimizer, "lazy_adam": lazy_adam.create_hash_optimizer}
+    return [make[opt](LEARNING_RATES[opt]).apply_gradients(zip(tf.gradients(loss, vs), vs))
+            for opt, vs in sorted(by_opt.items())]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -72,9 +96,10 @@ def main():
     p.add_argument("--stall-step", type=int, default=3)
     p.add_argument("--drop-on-last")
     p.add_argument("--only", help="these tables alone (a,b,d)")
+    p.add_argument("--expansion", choices=["variables", "by_address"])
     args = p.parse_args()
     tf.compat.v1.disable_eager_execution()
-    init(table_groups=args.groups == "on")
+    init(table_groups=args.groups == "on", use_dynamic_expansion=args.expansion is not None)
     rank, size = get_rank_id(), get_rank_size()
     chosen = [t for t in TABLES if args.only is None or t[0] in args.only.split(",")]
     kept = [t for t in chosen if not (rank == size - 1 and t[0] == args.drop_on_last)]
@@ -103,12 +128,7 @@ def main():
                     if name in tables else tf.zeros([local, FIELDS, dim]))
     loss, w = model(batch, embs)
     dense, _ = get_dense_and_sparse_variable()
-    by_opt = {}
-    for name, _, _, opt, _ in kept:  # "frozen" and "unused" too: their gradient must be None
-        by_opt.setdefault(opt, []).append(tables[name].variable)
-    make = {"sgd": gradient_descent.create_hash_optimizer, "lazy_adam": lazy_adam.create_hash_optimizer}
-    sparse_ops = [make[opt](LEARNING_RATES[opt]).apply_gradients(zip(tf.gradients(loss, vs), vs))
-                  for opt, vs in sorted(by_opt.items())]
+    sparse_ops = sparse_updates(loss, tables, kept, args.expansion == "by_address")
     train_op = tf.group(
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(loss, var_list=dense),
         *sparse_ops)

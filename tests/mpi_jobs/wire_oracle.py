@@ -23,7 +23,7 @@ from shardrec.rank_runtime import (FeatureSpec, create_table, get_asc_insert_fun
                                    get_rank_id, get_rank_size, init, sparse_lookup, start_asc_pipeline,
                                    terminate_config_initializer)
 from shardrec.rank_runtime.embedding import native_ops
-from shardrec.rank_runtime.process import config
+from shardrec.rank_runtime.pipeline import exchanges as graph_exchanges
 
 BATCH, STEPS, DIM, POOL = 8, 6, 4, 12
 LEARNING_RATE = 0.5
@@ -88,7 +88,7 @@ def main():
             exported = table.export(sess)
             result[f"{name}.keys"] = exported["keys"]
             result[f"{name}.rows"] = np.asarray(exported["values"], np.float32)
-            exchanges = {e for e in config.get_config().graph_state().row_exchanges if e.table == name}
+            exchanges = {e for e in graph_exchanges.of_graph().names() if e.table == name}
             result[f"{name}.bytes"] = sum(native_ops.exchange_bytes_sent(e.rows) + native_ops.exchange_bytes_sent(
                 e.gradients) for e in exchanges)
     np.savez(os.path.join(out, f"wire-rank{rank}.npz"), **result)

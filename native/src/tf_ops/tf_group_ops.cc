@@ -154,6 +154,46 @@ class GroupRowGatherOp : public OpKernel {
   Channel channel_ = Channel::kTrain;
 };
 
+// rows (each table's distinct rows, already read: dynamic expansion's lookups, whose rows by address
+// are the tensors scripts take gradients of), expand, send_splits: N each. Outputs as
+// GroupRowGatherOp's, laid out the same.
+class GroupRowsGatherOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList rows, expand, splits;
+    OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->input_list("expand", &expand));
+    OP_REQUIRES_OK(ctx, ctx->input_list("send_splits", &splits));
+    Placement at;
+    if (!at.build(ctx, splits, "send_splits")) return;
+    const int64_t n = rows.size(), world = at.per_rank.size();
+    const int64_t dim = rows[0].dims() == 2 ? rows[0].dim_size(1) : 0;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({at.total, dim}), &out));
+    Tensor* out_splits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &out_splits));
+    for (int64_t r = 0; r < world; ++r) out_splits->flat<int32_t>()(r) = static_cast<int32_t>(at.per_rank[r]);
+    float* dst = out->flat<float>().data();
+    for (int64_t t = 0; t < n; ++t) {
+      OP_REQUIRES(ctx, rows[t].dims() == 2 && rows[t].dim_size(1) == dim,
+                  InvalidArgument("rows of table ", t, " of the group has shape ", rows[t].shape().DebugString(),
+                                  "; the group's rows have ", dim, " columns"));
+      auto e = expand[t].flat<int32_t>();
+      OP_REQUIRES(ctx, e.size() == at.own_start[t].back(),
+                  InvalidArgument("table ", t, " of the group sends ", at.own_start[t].back(), " rows by its splits "
+                                  "but has ", e.size(), " expand positions"));
+      if (!IndicesInside(ctx, e, e.size(), rows[t].dim_size(0), "expand", "the table's distinct rows")) return;
+      for (int64_t r = 0; r < world; ++r) {
+        const int64_t base = at.own_start[t][r];
+        GatherRows(ctx, rows[t].flat<float>().data(), [&](int64_t i) { return e(base + i); },
+                   at.own_start[t][r + 1] - base, dim, dst + at.blocks[t][r] * dim);
+      }
+    }
+  }
+};
+
 // grad (the group's rows), index, expand, send_splits: N each. Output t: table t's distinct rows'
 // gradients (positions that read one row summed, in position order).
 class GroupRowGatherGradOp : public OpKernel {
@@ -296,6 +336,21 @@ REGISTER_OP("ShardrecGroupRowGather")
          "tables[t][index[t][expand[t][j]]] for j in its send_splits[t][r] block), "
          "and the group's send splits. Each ticket as ShardrecVariableRowGather's.");
 
+REGISTER_OP("ShardrecGroupRowsGather")
+    .Input("rows: N * float")
+    .Input("expand: N * int32")
+    .Input("send_splits: N * int32")
+    .Output("group_rows: float")
+    .Output("group_send_splits: int32")
+    .Attr("N: int >= 1")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(c->input(0), 1)));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return tensorflow::OkStatus();
+    })
+    .Doc("As ShardrecGroupRowGather from rows already read: table t's rows for rank r are "
+         "rows[t][expand[t][j]] for j in its send_splits[t][r] block.");
+
 REGISTER_OP("ShardrecGroupRowGatherGrad")
     .Input("grad: float")
     .Input("index: N * int32")
@@ -333,6 +388,7 @@ REGISTER_OP("ShardrecGroupRestoreGrad")
     .Doc("The gradient of ShardrecGroupRestore's rows: each row's readers' gradients summed.");
 
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRowGather").Device(tensorflow::DEVICE_CPU), GroupRowGatherOp);
+REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRowsGather").Device(tensorflow::DEVICE_CPU), GroupRowsGatherOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRowGatherGrad").Device(tensorflow::DEVICE_CPU), GroupRowGatherGradOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRestore").Device(tensorflow::DEVICE_CPU), GroupRestoreOp);
 REGISTER_KERNEL_BUILDER(Name("ShardrecGroupRestoreGrad").Device(tensorflow::DEVICE_CPU), GroupRestoreGradOp);

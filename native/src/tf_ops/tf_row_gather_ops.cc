@@ -51,7 +51,12 @@ class RowGatherGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& grad = ctx->input(0);
     const Tensor& index = ctx->input(1);
-    const int64_t n_rows = ctx->input(2).scalar<int32_t>()();
+    // num_rows: a scalar, or the rows' shape (its first element), which saves a graph the slice of
+    // it per lookup (four ops a table of a wide model).
+    const Tensor& num_rows = ctx->input(2);
+    OP_REQUIRES(ctx, num_rows.dims() <= 1 && num_rows.NumElements() >= 1,
+                InvalidArgument("num_rows must be a scalar or a shape, got ", num_rows.shape().DebugString()));
+    const int64_t n_rows = num_rows.flat<int32_t>()(0);
     OP_REQUIRES(ctx, grad.dims() == 2 && index.dims() == 1 && grad.dim_size(0) == index.dim_size(0),
                 InvalidArgument("grad ", grad.shape().DebugString(), " and index ", index.shape().DebugString(),
                                 " do not match"));
@@ -183,12 +188,19 @@ REGISTER_OP("ShardrecRowGatherGrad")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle grad;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
-      shape_inference::DimensionHandle rows;
-      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &rows));
+      shape_inference::DimensionHandle rows = c->UnknownDim();
+      if (c->RankKnown(c->input(2)) && c->Rank(c->input(2)) == 0) {
+        TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &rows));
+      } else {
+        shape_inference::ShapeHandle shape;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(2, &shape));
+        if (c->RankKnown(shape) && c->Rank(shape) >= 1) rows = c->Dim(shape, 0);
+      }
       c->set_output(0, c->Matrix(rows, c->Dim(grad, 1)));
       return tensorflow::OkStatus();
     })
-    .Doc("rows_grad[r] = sum of grad[i] over the i with index[i] == r, in order of i.");
+    .Doc("rows_grad[r] = sum of grad[i] over the i with index[i] == r, in order of i; num_rows: the number of "
+         "rows, or a shape whose first element it is.");
 
 SHARDREC_REGISTER_BY_INDEX("ShardrecRowGather", "Tindex", RowGatherOp);
 SHARDREC_REGISTER_BY_INDEX("ShardrecRowGatherGrad", "Tindex", RowGatherGradOp);
