@@ -85,7 +85,7 @@ tf_ops = Extension(
     "shardrec.native.tf_ops",
     sources=[f"native/src/tf_ops/{name}.cc" for name in ("tf_sparse_apply_ops", "tf_row_gather_ops", "tf_row_store_ops",
                                                           "tf_row_exchange_ops", "tf_pooled_sum_ops", "tf_group_ops",
-                                                          "tf_input_columns")],
+                                                          "tf_routing_ops", "tf_input_columns")],
     include_dirs=["native/src"],
     language="c++",
     # No errno from sqrt / pow: without it the update loops are not vectorised (3x slower, measured).

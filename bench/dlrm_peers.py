@@ -127,10 +127,12 @@ def peer(args):
         wrappers = [w for _, w in looked]
         dense_vars = [v for v in tf.compat.v1.trainable_variables() if not any(v is w for w in wrappers)]
         sparse_opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(SPARSE_LR))
+        # One backward pass for both optimizers, as shardrec's and the pre-mapped model's.
+        grads = tf.gradients(loss, wrappers + dense_vars)
         train_op = tf.group(
-            sparse_opt.minimize(loss, var_list=wrappers),
-            tf.compat.v1.train.AdamOptimizer(args.learning_rate).minimize(loss, var_list=dense_vars,
-                                                                          global_step=step_var))
+            sparse_opt.apply_gradients(zip(grads[:len(wrappers)], wrappers)),
+            tf.compat.v1.train.AdamOptimizer(args.learning_rate).apply_gradients(
+                zip(grads[len(wrappers):], dense_vars), global_step=step_var))
         eval_logit = towers(eval_batch["dense"], [de.embedding_lookup_unique(p, eval_batch[n], name=f"{n}_eval")
                                                   for p, n in zip(params, dlrm.CATEGORICAL)])
     eval_prob = tf.sigmoid(eval_logit)

@@ -119,8 +119,7 @@ def compare(args, p):
     tables = [int(t) for t in args.compare.split(",")]
     groups = args.groups.split(",")
     configs = [(t, g) for t in tables for g in groups]
-    passed = [a for a in sys.argv[1:] if not a.startswith("--compare") and a != args.compare]
-    passed = _without(passed, ("--rounds", "--groups", "--ranks"))
+    passed = _without(sys.argv[1:], ("--compare", "--rounds", "--groups", "--ranks"))
     results = {c: [] for c in configs}
     for r in range(args.rounds):
         for t, g in configs:

@@ -175,10 +175,14 @@ def train(args):
     eval_prob = tf.sigmoid(forward(eval_batch, False))
     dense_vars, sparse_vars = get_dense_and_sparse_variable()
     step_var = tf.compat.v1.train.get_or_create_global_step()
+    # One backward pass for both optimizers: a dense optimizer's minimize() beside a tf.gradients
+    # for the tables would run the top MLP's backward twice (a sixth of this model's step).
+    grads = tf.gradients(loss, dense_vars + sparse_vars)
+    dense_grads = [hvd.allreduce(g) for g in grads[:len(dense_vars)]] if size > 1 else grads[:len(dense_vars)]
     train_op = tf.group(
-        hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(args.learning_rate)).minimize(
-            loss, var_list=dense_vars, global_step=step_var),
-        create_hash_optimizer(learning_rate=0.01).apply_gradients(zip(tf.gradients(loss, sparse_vars), sparse_vars)))
+        tf.compat.v1.train.AdamOptimizer(args.learning_rate).apply_gradients(
+            zip(dense_grads, dense_vars), global_step=step_var),
+        create_hash_optimizer(learning_rate=0.01).apply_gradients(zip(grads[len(dense_vars):], sparse_vars)))
     start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())

@@ -241,7 +241,7 @@ def main(argv=None):
     eval_data = criteo_synth.make_dataset(args.eval_samples, seed=args.seed, sample_seed=args.seed * 31 + 10_000 + rank)
     eval_iterator, eval_batch = make_input(eval_data, args.batch_size, False, repeat=False)
 
-    dense_optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(learning_rate=0.001))
+    dense_optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate=0.001)
     sparse_optimizer = create_hash_optimizer(learning_rate=0.01)
 
     vocab = int(criteo_synth.vocab_sizes(args.seed).sum())
@@ -259,10 +259,15 @@ def main(argv=None):
 
     dense_variables, sparse_variables = get_dense_and_sparse_variable()
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    train_ops = [dense_optimizer.minimize(train_loss, var_list=dense_variables, global_step=global_step)]
-    sparse_grads = tf.gradients(train_loss, sparse_variables)
-    train_ops.append(sparse_optimizer.apply_gradients(zip(sparse_grads, sparse_variables)))
-    train_op = tf.group(*train_ops)
+    # One backward pass for both optimizers (docs/guide/training.md); the dense gradients averaged
+    # over the ranks as hvd.DistributedOptimizer would.
+    grads = tf.gradients(train_loss, dense_variables + sparse_variables)
+    dense_grads = grads[:len(dense_variables)]
+    if size > 1:
+        dense_grads = [hvd.allreduce(g) for g in dense_grads]
+    train_op = tf.group(
+        dense_optimizer.apply_gradients(zip(dense_grads, dense_variables), global_step=global_step),
+        sparse_optimizer.apply_gradients(zip(grads[len(dense_variables):], sparse_variables)))
 
     saver = tf.compat.v1.train.Saver(max_to_keep=2)
     start_asc_pipeline()

@@ -19,7 +19,8 @@ REBUILD = "run the set-up again (`bash scripts/bootstrap.sh`, or any `make` targ
 KERNELS = ("shardrec_sparse_apply_sgd", "shardrec_sparse_apply_adagrad", "shardrec_sparse_apply_lazy_adam",
            "shardrec_sparse_apply_ftrl", "shardrec_row_gather", "shardrec_row_gather_grad", "shardrec_variable_row_gather",
            "shardrec_variable_row_gather_expanded", "shardrec_store_bind", "shardrec_row_alltoall",
-           "shardrec_group_row_gather", "shardrec_group_rows_gather", "shardrec_group_restore")
+           "shardrec_group_row_gather", "shardrec_group_rows_gather", "shardrec_group_restore",
+           "shardrec_routing_unpack")
 
 
 def library_path() -> str:
@@ -157,6 +158,12 @@ def group_row_gather(variables: list, index: list, expand: list, send_splits: li
     knows which members a gradient lookup read)."""
     return load().shardrec_group_row_gather([v.handle for v in variables], index, expand, send_splits, tickets,
                                             dim=int(variables[0].shape[1]), channel=int(channel))
+
+
+def routing_unpack(packed: tf.Tensor) -> list:
+    """A feature's routing fields (rows, expand, send_splits, recv_splits, restore, ticket) from the
+    one tensor the key pipeline filed (tf_routing_ops.cc; pipeline/routing.py)."""
+    return load().shardrec_routing_unpack(packed)
 
 
 def group_rows_gather(rows: list, expand: list, send_splits: list) -> "tuple[tf.Tensor, tf.Tensor]":

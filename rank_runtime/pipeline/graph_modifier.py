@@ -226,7 +226,8 @@ def _modify_iterator(get_next, lookups):
     for k, old in enumerate(get_next.outputs):
         _rewire(old, ragged_ids.encoded(specs[k], new[_COMPONENT.format(k)]))
     for lookup in lookups:
-        routing = FeatureRouting.read_from(new, lookup.spec.name)
+        routing = FeatureRouting.read_from(new, lookup.spec.name, config.get_config().size,
+                                           lookup.placeholders.restore.shape[0])
         for field in FeatureRouting.names():
             _rewire(getattr(lookup.placeholders, field), getattr(routing, field))
         if lookup.pool is not None:

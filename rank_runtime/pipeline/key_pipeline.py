@@ -134,7 +134,7 @@ class _BatchKeyProcessor:
         # The native routing's fields, by the names the dataset element files them under (routing.py).
         out = [np.bool_(result.ended)]
         for routing, pooled in zip(result.features, self.pooled):
-            out += [getattr(routing, name) for name in FeatureRouting.names()]
+            out.append(FeatureRouting.pack(routing))
             if pooled:
                 out += [getattr(routing.pool, name) for name in PoolRouting.names()]
         return out
@@ -231,19 +231,17 @@ class InsertFunction:
         stamps = [] if self.timestamp is None else [batch[self.timestamp.index_key]]
         inputs = [k for key in keys for k in (ragged_ids.key_inputs(key) if ragged_ids.is_variable_length(key)
                                               else [key])]
-        width, pool_width = len(FeatureRouting.names()), len(PoolRouting.names())
+        pool_width = len(PoolRouting.names())
         outs = tf.numpy_function(self._processor, [is_end] + inputs + stamps,
-                                 [tf.bool] + [tf.int32] * sum(width + (pool_width if p else 0)
+                                 [tf.bool] + [tf.int32] * sum(1 + (pool_width if p else 0)
                                                               for p in self._processor.pooled),
                                  stateful=True, name="shardrec_key_exchange")
         stop = tf.reshape(outs[0], [])
         size = config.get_config().size
         at = 1
-        for key, spec, pooled in zip(keys, self.specs, self._processor.pooled):
-            routing = FeatureRouting(*outs[at:at + width])
-            at += width
-            per_batch = None if pooled else key.shape.num_elements()
-            routing.with_static_shapes(size, per_batch).file_into(batch, spec.name)
+        for spec, pooled in zip(self.specs, self._processor.pooled):
+            FeatureRouting.file_packed(batch, spec.name, outs[at])
+            at += 1
             if pooled:
                 PoolRouting(*outs[at:at + pool_width]).with_static_shapes(size, None).file_into(batch, spec.name)
                 at += pool_width

@@ -23,7 +23,9 @@ def _routing(spec, batch):
         raise ValueError(f"{_OWNER}: feature {spec.name!r}: pass batch= (the dataset element from "
                          "iterator.get_next()) so the lookup can read the rows the key pipeline prepared")
     check_type(_OWNER, "batch", batch, dict, "the dict from iterator.get_next()")
-    routing = FeatureRouting.read_from(batch, spec.name)
+    ids = batch.get(spec.index_key)
+    per_batch = ids.shape.num_elements() if isinstance(ids, tf.Tensor) else None  # ragged ids: unknown
+    routing = FeatureRouting.read_from(batch, spec.name, config.get_config().size, per_batch)
     if routing is None:
         raise ValueError(f"{_OWNER}: feature {spec.name!r} was not processed by the key pipeline: map the "
                          "dataset with get_asc_insert_func(tgt_key_specs=[...this FeatureSpec...]) first")

@@ -124,7 +124,7 @@ def member_rows(table, feature: str, routing: FeatureRouting, channel: Channel, 
     if key is None:
         return None
     groups = _groups(routing.rows.graph)
-    batch = routing.rows.op.name  # every feature of a batch comes from the same get_next()
+    batch = routing.batch
     group = groups.open.get((batch, key))
     if group is None:
         group = groups.open[(batch, key)] = LookupGroup(key)
