@@ -96,6 +96,11 @@ def test_mixed_tables_train_grouped_as_ungrouped_bit_for_bit_and_as_plain_tensor
     grouped, alone = parts(tmp_path, n, "on"), parts(tmp_path, n, "off")
     for part in grouped:  # one rank has no exchange to save: nothing groups there
         assert part["groups"].tolist() == (GROUPS if n > 1 else [])
+    if n > 1:
+        # A step's forward row exchanges: one per group and one for g (column-wise) grouped; one per
+        # lookup alone (f, replicated, reads its own replica forward).
+        assert grouped[0]["alltoalls"][0] == 3 and alone[0]["alltoalls"][0] == 8
+        assert grouped[0]["alltoalls"][1] < alone[0]["alltoalls"][1]
     assert all(p["groups"].tolist() == [] for p in alone)
     for on, off in zip(grouped, alone):
         assert int(on["steps"]) == int(off["steps"]) == job.STEPS

@@ -7,7 +7,7 @@ the same rows bit for bit, and plain TensorFlow's on the global batches.
 TABLES: (name, dim, sharding, optimizer, how it is looked up). "frozen" is looked up with
 is_grad=False, "unused" is a feature of the dataset that no lookup reads: neither may move. Writes
 OUT/TAG-rank<r>-of<N>.npz: per table its keys and rows, the dense weights, the steps run, and the
-groups formed. --stall-rank R: rank R freezes (SIGSTOP) before step S (its key pipeline has
+groups formed and the row exchanges of a step (forward, backward). --stall-rank R: rank R freezes (SIGSTOP) before step S (its key pipeline has
 prefetched that batch); its peers wait in the step's grouped row exchange. --drop-on-last T: the last rank has no table T (nor its feature). --only a,b,d:
 those tables alone. --expansion variables|by_address: dynamic expansion (row-wise and table-wise
 tables), gradients taken of the table variables, or of the lookups' rows by address and applied at
@@ -146,7 +146,9 @@ def main():
                 steps += 1
             except tf.errors.OutOfRangeError:
                 break
-        out = {"w": sess.run(w), "steps": steps,
+        ops = tf.compat.v1.get_default_graph().get_operations()
+        alltoalls = [o.name.startswith("gradients") for o in ops if o.type == "ShardrecRowAlltoall"]
+        out = {"w": sess.run(w), "steps": steps, "alltoalls": np.array([alltoalls.count(False), alltoalls.count(True)]),
                "groups": np.array([",".join(t.table_name for t in g.tables)
                                    for g in table_groups.groups_of(tf.compat.v1.get_default_graph()) if g.fused])}
         for name, table in tables.items():
