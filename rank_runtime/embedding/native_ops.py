@@ -118,24 +118,12 @@ def table_slices(table: tf.Tensor, values: tf.Tensor, rows: tf.Tensor) -> tf.Ind
     it as distinct rows (EmbeddingTable.mark_distinct_rows, optimizers/base.py)."""
     from tensorflow.python.ops import resource_variable_ops
 
-    shape = _handle_shape(table)
-    if shape is not None and values.shape.rank == 2 and rows.shape.rank == 1:
-        # Static: no shape ops per table and step (a model of many tables paid five).
-        return tf.IndexedSlices(values, rows, tf.constant(shape, tf.int32))
+    # The shape read when the step runs: a table with dynamic expansion outgrows its variable's static one.
     params_shape = resource_variable_ops.variable_shape(table)
+    if values.shape.rank == 2 and rows.shape.rank == 1:  # [rows, dim] already: no reshape ops per table and step
+        return tf.IndexedSlices(values, rows, params_shape)
     values = tf.reshape(values, tf.concat([tf.shape(rows), params_shape[1:]], 0))
     return tf.IndexedSlices(values, rows, params_shape)
-
-
-def _handle_shape(handle: tf.Tensor) -> "list[int] | None":
-    """The static shape of the resource variable behind `handle`, when its op records one."""
-    from tensorflow.python.framework import tensor_shape
-
-    try:
-        shape = tensor_shape.TensorShape(handle.op.get_attr("shape"))
-    except (ValueError, TypeError):
-        return None
-    return shape.as_list() if shape.is_fully_defined() and shape.rank == 2 else None
 
 
 @tf.RegisterGradient("ShardrecVariableRowGather")

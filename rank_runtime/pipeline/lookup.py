@@ -89,8 +89,9 @@ def _own_rows(cfg, rows, routing, exchange: RowExchange):
     return own_block(rows)
 
 
-def _row_exchange(table, spec, channel: Channel) -> RowExchange:
-    return exchanges.of_graph().row_exchange(table.table_name, (spec.name,), channel, table.row_dtypes.wire)
+def _row_exchange(table, spec, channel: Channel, wire: "str | None" = None) -> RowExchange:
+    """A new row exchange of this lookup, in `wire` (default: the table's exchange dtype)."""
+    return exchanges.of_graph().row_exchange(table.table_name, (spec.name,), channel, wire or table.row_dtypes.wire)
 
 
 def _check_parameters(cfg, hashtable, send_count, dim, is_train, name, modify_graph, access_and_evict_config,
@@ -216,8 +217,8 @@ def _pooled(cfg, table, spec, routing, pool, ids, weights, combiner, channel, is
         exchanges.of_graph().ask(spec.name, channel, weighted=True)
 
     def exchange(rows, send_splits, recv_splits, wire=table.row_dtypes.wire):
-        exchange = exchanges.of_graph().row_exchange(table.table_name, (spec.name,), channel, wire)
-        return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None, exchange)
+        return _rows_to_requesters(rows, send_splits, recv_splits, rows.shape[-1], None,
+                                   _row_exchange(table, spec, channel, wire))
 
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         ragged = ragged_ids.as_ragged(ids)

@@ -74,6 +74,21 @@ struct Placement {
     return true;
   }
 
+  // A group gather's outputs: the rows for the exchange, [total, dim] (returned; nullptr: the kernel
+  // failed), and the group's send splits (filled).
+  float* send_outputs(OpKernelContext* ctx, int64_t dim) const {
+    Tensor* out = nullptr;
+    Tensor* splits = nullptr;
+    tensorflow::Status status = ctx->allocate_output(0, TensorShape({total, dim}), &out);
+    if (status.ok()) status = ctx->allocate_output(1, TensorShape({static_cast<int64_t>(per_rank.size())}), &splits);
+    if (!status.ok()) {
+      ctx->SetStatus(status);
+      return nullptr;
+    }
+    for (size_t r = 0; r < per_rank.size(); ++r) splits->flat<int32_t>()(r) = static_cast<int32_t>(per_rank[r]);
+    return out->flat<float>().data();
+  }
+
   // The group's row of each of table t's own positions.
   std::vector<int64_t> positions(int64_t t) const {
     std::vector<int64_t> out(own_start[t].back());
@@ -124,12 +139,8 @@ class GroupRowGatherOp : public OpKernel {
                   InvalidArgument("table ", t, " of the group sends ", at.own_start[t].back(), " rows by its splits "
                                   "but has ", expand[t].NumElements(), " expand positions"));
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({at.total, dim_}), &out));
-    Tensor* out_splits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &out_splits));
-    for (int64_t r = 0; r < world; ++r) out_splits->flat<int32_t>()(r) = static_cast<int32_t>(at.per_rank[r]);
-    float* dst = out->flat<float>().data();
+    float* dst = at.send_outputs(ctx, dim_);
+    if (dst == nullptr) return;
     for (int64_t t = 0; t < n; ++t) {
       auto idx = index[t].flat<int32_t>();
       auto e = expand[t].flat<int32_t>();
@@ -170,12 +181,8 @@ class GroupRowsGatherOp : public OpKernel {
     if (!at.build(ctx, splits, "send_splits")) return;
     const int64_t n = rows.size(), world = at.per_rank.size();
     const int64_t dim = rows[0].dims() == 2 ? rows[0].dim_size(1) : 0;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({at.total, dim}), &out));
-    Tensor* out_splits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &out_splits));
-    for (int64_t r = 0; r < world; ++r) out_splits->flat<int32_t>()(r) = static_cast<int32_t>(at.per_rank[r]);
-    float* dst = out->flat<float>().data();
+    float* dst = at.send_outputs(ctx, dim);
+    if (dst == nullptr) return;
     for (int64_t t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, rows[t].dims() == 2 && rows[t].dim_size(1) == dim,
                   InvalidArgument("rows of table ", t, " of the group has shape ", rows[t].shape().DebugString(),
